@@ -1,0 +1,314 @@
+"""The operations ledger: the durable record of which operation holds which hosts.
+
+One operation per host at a time (the `leases` primary key), and taking a domain is one
+serialised transaction that checks the buffers and `max_domains_down` before it leases anything.
+Leases never expire by time: they are released only after the hosts are back or offboarded.
+Every change writes an audit row (who, what, when, why).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+
+metadata = MetaData()
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("kind", String(32), nullable=False),  # train_stop | emergency | repair
+    Column("train", String(128)),
+    Column("domain", String(128)),
+    Column("state", String(16), nullable=False),  # active | done | aborted
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("detail", Text, nullable=False, default="{}"),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("host", String(128), primary_key=True),  # one operation per host
+    Column("op_id", String(255), nullable=False, index=True),
+    Column("domain", String(128), nullable=False),
+    Column("since", Float, nullable=False),
+)
+
+verifications = Table(
+    "verifications",
+    metadata,
+    Column("op_id", String(255), primary_key=True),
+    Column("host", String(128), primary_key=True),
+    Column("passed", Integer, nullable=False),
+    Column("versions", Text, nullable=False),
+    Column("reason", Text),
+    Column("at", Float, nullable=False),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("op_id", String(255)),
+    Column("action", String(64), nullable=False),
+    Column("hosts", Text, nullable=False, default="[]"),
+    Column("reason", Text, nullable=False, default=""),
+)
+
+# One row, bumped first in every lease-changing transaction: serialises writers on SQLite and
+# PostgreSQL alike, so the capacity check and the lease insert see the same world.
+ledger_lock = Table("ledger_lock", metadata, Column("id", Integer, primary_key=True), Column("n", Integer))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What taking a domain must respect, in hosts."""
+
+    total_hosts: int
+    maintenance_hosts: int  # maintenance buffer
+    failure_hosts: int  # failure buffer
+    max_domains_down: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: str  # granted | wait | stop
+    reason: str
+
+    @property
+    def granted(self) -> bool:
+        return self.outcome == "granted"
+
+
+def default_url() -> str:
+    home = Path(os.environ.get("RAILYARD_HOME", Path.home() / ".railyard"))
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'ledger.db'}"
+
+
+class Ledger:
+    def __init__(self, url: str | None = None):
+        self.url = url or os.environ.get("RAILYARD_LEDGER_URL") or default_url()
+        self.engine: Engine = _make_engine(self.url)
+        metadata.create_all(self.engine, checkfirst=True)
+        with self.engine.begin() as c:
+            if c.execute(select(ledger_lock.c.id)).first() is None:
+                try:
+                    with c.begin_nested():
+                        c.execute(insert(ledger_lock).values(id=1, n=0))
+                except Exception:  # another process created it first
+                    pass
+
+    # ---- the atomic step ---------------------------------------------------------------------
+    def acquire_domain(
+        self,
+        op_id: str,
+        *,
+        train: str,
+        domain: str,
+        hosts: list[str],
+        budget: Budget,
+        unavailable: Iterable[str] = (),
+        actor: str = "railyard",
+        kind: str = "train_stop",
+    ) -> Decision:
+        """Lease every host of `domain` to `op_id`, or say why not.
+
+        `unavailable` are hosts the fleet reports out of service for reasons of its own (failed,
+        in repair): they count against the budget whether or not any operation holds them.
+        Idempotent: an operation that already holds the domain is granted again.
+        """
+        want = sorted(set(hosts))
+        with self.engine.begin() as c:
+            _lock(c)
+            held = {r.host: r for r in c.execute(select(leases))}
+            mine = [h for h in want if h in held and held[h].op_id == op_id]
+            if len(mine) == len(want):
+                return Decision("granted", f"{op_id} already holds {domain}")
+            others = {h: held[h].op_id for h in want if h in held and held[h].op_id != op_id}
+            if others:
+                holders = sorted(set(others.values()))
+                return Decision("wait", f"{len(others)} host(s) of {domain} held by {', '.join(holders)}")
+
+            domains_out = {r.domain for r in held.values()}
+            if len(domains_out | {domain}) > budget.max_domains_down:
+                return Decision(
+                    "wait",
+                    f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out",
+                )
+            broken = set(unavailable) - set(held)
+            if len(broken) > budget.failure_hosts:
+                return Decision(
+                    "stop",
+                    f"failure buffer exhausted: {len(broken)} hosts broken > budget {budget.failure_hosts}",
+                )
+            # Broken hosts inside the domain are not taken again, but still count once.
+            taking = [h for h in want if h not in broken]
+            maint_after = len(held) + len(taking)
+            if maint_after > budget.maintenance_hosts:
+                return Decision(
+                    "wait",
+                    f"maintenance buffer: {len(held)} hosts out + {len(taking)} of {domain} "
+                    f"> budget {budget.maintenance_hosts}",
+                )
+            floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
+            serving_after = budget.total_hosts - len(held) - len(broken) - len(taking)
+            if serving_after < floor:
+                return Decision("wait", f"serving would drop to {serving_after} < floor {floor}")
+
+            now = time.time()
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
+                c.execute(
+                    insert(operations).values(
+                        id=op_id, kind=kind, train=train, domain=domain, state="active",
+                        created_at=now, updated_at=now, detail="{}",
+                    )
+                )
+            c.execute(insert(leases), [{"host": h, "op_id": op_id, "domain": domain, "since": now} for h in taking])
+            _audit(c, actor, op_id, "lease", taking, f"took {domain} for {train}")
+            return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
+
+    def release(self, op_id: str, hosts: Iterable[str] | None = None, *, actor: str = "railyard", reason: str = "") -> list[str]:
+        """Release the op's leases (all, or only `hosts`); the op is done when it holds none."""
+        with self.engine.begin() as c:
+            _lock(c)
+            q = select(leases.c.host).where(leases.c.op_id == op_id)
+            held = [r.host for r in c.execute(q)]
+            drop = sorted(set(held) if hosts is None else set(held) & set(hosts))
+            if drop:
+                c.execute(leases.delete().where(leases.c.op_id == op_id, leases.c.host.in_(drop)))
+                _audit(c, actor, op_id, "release", drop, reason)
+            if set(held) <= set(drop):
+                c.execute(
+                    update(operations)
+                    .where(operations.c.id == op_id, operations.c.state == "active")
+                    .values(state="done", updated_at=time.time())
+                )
+            return drop
+
+    # ---- records -----------------------------------------------------------------------------
+    def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str], reason: str | None) -> None:
+        with self.engine.begin() as c:
+            c.execute(verifications.delete().where(verifications.c.op_id == op_id, verifications.c.host == host))
+            c.execute(
+                insert(verifications).values(
+                    op_id=op_id, host=host, passed=int(passed), versions=json.dumps(versions, sort_keys=True),
+                    reason=reason, at=time.time(),
+                )
+            )
+            _audit(c, "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "")
+
+    def verification(self, op_id: str, host: str) -> tuple[bool, dict[str, str], str | None] | None:
+        with self.engine.connect() as c:
+            r = c.execute(
+                select(verifications).where(verifications.c.op_id == op_id, verifications.c.host == host)
+            ).first()
+        return None if r is None else (bool(r.passed), json.loads(r.versions), r.reason)
+
+    def detail(self, op_id: str) -> dict:
+        op = self.operation(op_id)
+        return {} if op is None else json.loads(op["detail"] or "{}")
+
+    def set_detail_once(self, op_id: str, key: str, value: object) -> object:
+        """Store `key` on the operation unless already there; returns the stored value.
+
+        Lets a retried task reuse what its first attempt decided (e.g. the checkpoint request time).
+        """
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(operations.c.detail).where(operations.c.id == op_id)).first()
+            if r is None:
+                raise KeyError(f"unknown operation {op_id!r}")
+            detail = json.loads(r.detail or "{}")
+            if key not in detail:
+                detail[key] = value
+                c.execute(
+                    update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=time.time())
+                )
+            return detail[key]
+
+    def note(self, op_id: str | None, action: str, hosts: Iterable[str], reason: str, actor: str = "railyard") -> None:
+        with self.engine.begin() as c:
+            _audit(c, actor, op_id, action, list(hosts), reason)
+
+    def holdings(self, op_id: str | None = None) -> dict[str, str]:
+        """host -> op id, for one operation or all."""
+        q = select(leases.c.host, leases.c.op_id)
+        if op_id is not None:
+            q = q.where(leases.c.op_id == op_id)
+        with self.engine.connect() as c:
+            return {r.host: r.op_id for r in c.execute(q)}
+
+    def domains_out(self) -> dict[str, str]:
+        """domain -> op id holding it."""
+        with self.engine.connect() as c:
+            return {r.domain: r.op_id for r in c.execute(select(leases.c.domain, leases.c.op_id).distinct())}
+
+    def operation(self, op_id: str) -> dict | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(operations).where(operations.c.id == op_id)).first()
+        return None if r is None else dict(r._mapping)
+
+    def audit_rows(self, op_id: str | None = None, limit: int = 1000) -> list[dict]:
+        q = select(audit).order_by(audit.c.id)
+        if op_id is not None:
+            q = q.where(audit.c.op_id == op_id)
+        with self.engine.connect() as c:
+            rows = [dict(r._mapping) for r in c.execute(q.limit(limit))]
+        for r in rows:
+            r["hosts"] = json.loads(r["hosts"])
+        return rows
+
+    def audit_count(self) -> int:
+        with self.engine.connect() as c:
+            return int(c.execute(select(func.count()).select_from(audit)).scalar_one())
+
+
+def _lock(c: Connection) -> None:
+    c.execute(update(ledger_lock).where(ledger_lock.c.id == 1).values(n=ledger_lock.c.n + 1))
+
+
+def _audit(c: Connection, actor: str, op_id: str | None, action: str, hosts: list[str], reason: str) -> None:
+    c.execute(
+        insert(audit).values(at=time.time(), actor=actor, op_id=op_id, action=action, hosts=json.dumps(hosts), reason=reason)
+    )
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        eng = create_engine(url, connect_args={"timeout": 60})
+
+        @event.listens_for(eng, "connect")
+        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        return eng
+    return create_engine(url, pool_pre_ping=True)

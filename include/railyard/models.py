@@ -1,0 +1,93 @@
+"""Plain data of the fleet as the core sees it: hosts, jobs, steps and verdicts.
+
+These are what every fleet adapter (simulator, HTTP fleet API, later Slurm and SSH) returns,
+so the rest of the core never depends on where the fleet lives.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def check_token(value: str) -> str:
+    """A plain token: safe as a host name, version or id anywhere, shell included."""
+    if not isinstance(value, str) or not TOKEN_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a plain token (letters, digits, '.', '_', '-'; starts with a letter "
+            "or digit; at most 63 characters)"
+        )
+    return value
+
+
+Token = Annotated[str, AfterValidator(check_token)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HostState(StrEnum):
+    SERVING = "serving"  # in service, may run jobs
+    DRAINING = "draining"  # no new jobs; running jobs are being moved off
+    DRAINED = "drained"  # out of service for maintenance, empty
+    UPGRADING = "upgrading"  # an upgrade is running on it
+    CHECKING = "checking"  # a health check is running on it
+    RETURNING = "returning"  # on its way back to service
+    FAILED = "failed"  # broken by itself (counts against the failure buffer)
+    REPAIR = "repair"  # offboarded to repair with a reason
+
+
+MAINTENANCE_STATES = frozenset(
+    {HostState.DRAINING, HostState.DRAINED, HostState.UPGRADING, HostState.CHECKING, HostState.RETURNING}
+)
+BROKEN_STATES = frozenset({HostState.FAILED, HostState.REPAIR})
+
+
+class Host(Strict):
+    name: Token
+    domain: Token
+    sku: Token = "gpu"
+    gpus: int = 8
+    state: HostState
+    versions: dict[str, str] = Field(default_factory=dict)
+    operation: str | None = None  # operation that took it out, if any
+    reason: str | None = None  # why it is failed / in repair
+    last_error: str | None = None  # last failed upgrade step, if any
+
+
+class Job(Strict):
+    id: Token
+    hosts: list[str]
+    gpus: int
+    state: str  # running | pending | done
+    last_checkpoint: float  # fleet clock, seconds
+    checkpoint_requested_at: float | None = None
+    checkpoint_interval: float
+
+
+class Step(Strict):
+    """One component to bring to one version on one host."""
+
+    component: Token
+    version: Token
+
+
+class CheckResult(Strict):
+    host: str
+    status: str  # pending | passed | failed
+    reason: str | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+class Capacity(Strict):
+    now: float
+    total_hosts: int
+    serving_hosts: int
+    by_state: dict[str, int]
+    domains_out: list[str]

@@ -1,0 +1,39 @@
+# Railyard: `make demo` runs the demo train, `make test` runs every test. Both set everything up.
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast test-e2e bench lint stop clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
+	@test -x $(BIN)/python || uv venv -q -p 3.11 $(VENV)
+	VIRTUAL_ENV=$(VENV) uv pip install -q -r requirements.txt
+	VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e .
+	@touch $@
+
+demo: $(STAMP)  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: exit when done)
+	$(BIN)/railyard demo
+
+test: $(STAMP)  ## every tier, the slow end-to-end one included
+	$(BIN)/pytest -q
+
+test-fast: $(STAMP)  ## everything but the end-to-end tier
+	$(BIN)/pytest -q -m "not e2e"
+
+test-e2e: $(STAMP)
+	$(BIN)/pytest -q -m e2e
+
+bench: $(STAMP)  ## figures, side by side with their baselines
+	$(BIN)/python bench/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check include plugins dags tests bench
+
+stop:  ## stop what `make demo` started
+	@if [ -f .railyard/demo/pids ]; then \
+	  for pid in $$(cat .railyard/demo/pids); do kill -TERM -- -$$pid 2>/dev/null || true; done; \
+	  rm -f .railyard/demo/pids; echo stopped; else echo "nothing to stop"; fi
+
+clean: stop
+	rm -rf .railyard

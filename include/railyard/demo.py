@@ -1,0 +1,143 @@
+"""`make demo`: the demo train on Airflow against the embedded fleet simulator, with progress.
+
+Starts the simulator and `airflow standalone` in `.railyard/demo`, triggers the first train of
+the config, prints progress while it runs and a summary at the end. With RAILYARD_DEMO_ONCE=1 it
+then stops everything and prints one JSON object as its last line; otherwise it leaves the UI up
+until Ctrl-C or `make stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from railyard.fleet.http import HttpFleet
+from railyard.models import BROKEN_STATES, HostState
+from railyard.stack import ROOT, Stack
+from railyard.stop import pending_steps
+
+TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
+
+
+def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, train_id: str, t0: float) -> str:
+    cfg = stack.config
+    train = cfg.train(train_id)
+    domains = cfg.train_domains(train)
+    states = stack.task_states(dag_id, run_id)
+    done = sum(
+        1 for d in domains
+        if states.get(f"{d.name}.return_to_service") in TERMINAL or states.get(f"{d.name}.wait_capacity") == "skipped"
+    )
+    current, step = "", ""
+    for d in domains:
+        for task in ("wait_capacity", "wait_checkpoints", "drain", "upgrade", "health_check", "return_to_service"):
+            if states.get(f"{d.name}.{task}") in ("running", "deferred", "queued", "scheduled", "up_for_retry"):
+                current, step = d.name, task
+    hosts = fleet.hosts()
+    targets = cfg.train_targets(train)
+    upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
+    serving = sum(1 for h in hosts if h.state == HostState.SERVING)
+    where = f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current else f"{done}/{len(domains)} domains done"
+    return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} upgraded {upgraded}/{len(hosts)}  "
+            f"serving {serving}/{len(hosts)} ({serving / len(hosts):.0%})")
+
+
+def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: float) -> dict:
+    cfg = stack.config
+    train = cfg.train(train_id)
+    audit = fleet.audit()
+    hosts = fleet.hosts()
+    targets = cfg.train_targets(train)
+    return {
+        "train": train_id,
+        "state": state,
+        "hosts": len(hosts),
+        "domains": len(cfg.train_domains(train)),
+        "upgraded": sum(1 for h in hosts if not pending_steps(targets, h) and h.state == HostState.SERVING),
+        "offboarded": sum(1 for h in hosts if h.state in BROKEN_STATES),
+        "offboard_reasons": {h.name: h.reason for h in hosts if h.state in BROKEN_STATES},
+        "max_domains_down": audit["max_domains_out"],
+        "min_serving_fraction": round(audit["min_serving_fraction"], 4),
+        "wall_seconds": round(wall, 1),
+        "work_seconds": round(audit["work_seconds"], 1),
+        "overhead_per_stop_s": round((wall - audit["work_seconds"]) / max(1, len(audit["stops"])), 2),
+        "lost_gpu_hours": round(audit["lost_gpu_hours"], 3),
+        "max_job_loss_s": round(audit.get("max_lost_s", 0.0), 1),
+        "checkpoint_interval_s": cfg.simulator.jobs.checkpoint_interval_s,
+        "unverified_returns": len(audit["unverified_returns"]),
+    }
+
+
+def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600) -> dict:
+    """Trigger one train, follow it to the end, and return the summary."""
+    from railyard.stack import StackError  # noqa: F401  (re-exported for callers)
+
+    dag_id = f"railyard_train_{train_id}"
+    stack.wait_dag(dag_id)
+    t0 = time.monotonic()
+    run_id = stack.trigger(dag_id)
+    last = ""
+
+    def poll() -> None:
+        nonlocal last
+        if quiet:
+            return
+        line = progress_line(stack, fleet, dag_id, run_id, train_id, t0)
+        if line.split("]", 1)[1] != last:
+            print(line, flush=True)
+            last = line.split("]", 1)[1]
+
+    state = stack.wait_run(dag_id, run_id, timeout, on_poll=poll)
+    return summary(stack, fleet, train_id, state, time.monotonic() - t0) | {"run_id": run_id}
+
+
+def main(once: bool = False) -> int:
+    once = once or os.environ.get("RAILYARD_DEMO_ONCE") == "1"
+    home = Path(os.environ.get("RAILYARD_DEMO_HOME", ROOT / ".railyard" / "demo"))
+    port = int(os.environ.get("RAILYARD_AIRFLOW_PORT", "8080"))
+    stack = Stack(home=home, airflow_port=port)
+    train_id = sorted(t.id for t in stack.config.trains)[0]
+    (home / "pids").parent.mkdir(parents=True, exist_ok=True)
+
+    def on_signal(signum, _frame):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(f"railyard demo: config {stack.config_file}", flush=True)
+        print(f"starting the fleet simulator on {stack.fleet_url} ...", flush=True)
+        fleet = stack.start_sim()
+        print(f"starting airflow standalone on {stack.api} (about 30 s) ...", flush=True)
+        stack.start_airflow()
+        (home / "pids").write_text(f"{stack.airflow.pid}\n{stack.sim.pid}\n")  # type: ignore[union-attr]
+        stack.ensure_pool()
+        print(f"UI: {stack.api}  login: admin / {stack.password}", flush=True)
+        print(f"triggering train {train_id!r} ...", flush=True)
+        result = run_train(stack, fleet, train_id)
+        print(
+            f"train {train_id} {result['state']}: {result['upgraded']}/{result['hosts']} hosts upgraded, "
+            f"{result['offboarded']} offboarded, max {result['max_domains_down']} domain(s) down, lowest serving "
+            f"{result['min_serving_fraction']:.1%}, {result['wall_seconds']:.0f}s wall for "
+            f"{result['work_seconds']:.0f}s of work, {result['lost_gpu_hours']:.2f} GPU-hours lost",
+            flush=True,
+        )
+        for host, reason in result["offboard_reasons"].items():
+            print(f"  offboarded {host}: {reason}", flush=True)
+        if not once:
+            print(f"UI: {stack.api}  login: admin / {stack.password}   (Ctrl-C or `make stop` to stop)", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping ...", file=sys.stderr, flush=True)
+        stack.stop()
+        return 130
+    except Exception:
+        stack.stop()
+        raise
+    stack.stop()
+    print(json.dumps(result), flush=True)
+    return 0 if result["state"] == "success" else 1

@@ -1,0 +1,244 @@
+"""Start and stop the real parts on one machine: the fleet simulator and `airflow standalone`.
+
+Used by the demo, the end-to-end tests and the benchmarks, so all three run the same stack.
+Talks to Airflow only through processes and its REST API (no Airflow imports in the core).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from railyard.config import RailyardConfig, config_path, load_config
+from railyard.fleet.http import HttpFleet
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, timeout: float, probe, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise StackError(f"{what}: process exited with {proc.returncode}\n{tail}")
+        try:
+            out = probe()
+            if out:
+                return out
+        except Exception as exc:  # not up yet
+            last_exc = exc
+        time.sleep(0.3)
+    raise StackError(f"{what} not ready within {timeout:.0f}s (last error: {last_exc})")
+
+
+def _stop_group(proc: subprocess.Popen | None, grace: float = 30) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # children that outlived the leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(5)
+
+
+@dataclass
+class Stack:
+    """One simulator and one Airflow, in `home` (a fresh directory each start)."""
+
+    home: Path
+    config_file: Path = field(default_factory=lambda: config_path().resolve())
+    airflow_port: int = 8080
+    sim_port: int | None = None
+    fast_scheduler: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    sim: subprocess.Popen | None = None
+    airflow: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).resolve()
+        self.config_file = Path(self.config_file).resolve()
+        self.config: RailyardConfig = load_config(self.config_file)
+        self.sim_port = self.sim_port or self.config.simulator.port
+        self._token: str | None = None
+
+    # ---- paths and environment -----------------------------------------------------------------
+    @property
+    def airflow_home(self) -> Path:
+        return self.home / "airflow"
+
+    @property
+    def fleet_url(self) -> str:
+        return f"http://127.0.0.1:{self.sim_port}"
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.airflow_port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SLURM_JWT", None)
+        conn = {"conn_type": "http", "host": "127.0.0.1", "port": self.sim_port, "schema": "http"}
+        env.update(
+            {
+                "PATH": f"{BIN}:{env.get('PATH', '')}",
+                "AIRFLOW_HOME": str(self.airflow_home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+                "AIRFLOW__API__PORT": str(self.airflow_port),
+                "AIRFLOW__API__BASE_URL": self.api,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
+                "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+                f"AIRFLOW_CONN_{self.config.fleet.connection.upper()}": json.dumps(conn),
+                "RAILYARD_CONFIG": str(self.config_file),
+                "RAILYARD_HOME": str(self.home),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugins"), env.get("PYTHONPATH")])),
+            }
+        )
+        if self.fast_scheduler:
+            env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = "0.05"
+            env["AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    # ---- the simulator --------------------------------------------------------------------------
+    def start_sim(self, fresh: bool = True) -> HttpFleet:
+        self.home.mkdir(parents=True, exist_ok=True)
+        db = self.home / "sim.db"
+        if fresh and db.exists():
+            db.unlink()
+        log = self.home / "sim.log"
+        self.sim = subprocess.Popen(
+            [sys.executable, "-m", "railyard.sim", "--config", str(self.config_file), "--db", str(db),
+             "--port", str(self.sim_port)],
+            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True, env=self.env(),
+        )
+        fleet = HttpFleet(self.fleet_url, retries=0, connect_timeout=1)
+        _wait("fleet simulator", 30, fleet.capacity, self.sim, log)
+        return HttpFleet(self.fleet_url)
+
+    def stop_sim(self) -> None:
+        _stop_group(self.sim, grace=10)
+        self.sim = None
+
+    # ---- Airflow ----------------------------------------------------------------------------------
+    def start_airflow(self, timeout: float = 180) -> None:
+        if self.airflow_home.exists():
+            shutil.rmtree(self.airflow_home)
+        self.airflow_home.mkdir(parents=True)
+        log = self.home / "airflow.log"
+        self.airflow = subprocess.Popen(
+            [str(BIN / "airflow"), "standalone"], stdout=log.open("ab"), stderr=subprocess.STDOUT,
+            start_new_session=True, env=self.env(), cwd=str(self.home),
+        )
+
+        def healthy() -> bool:
+            h = requests.get(f"{self.api}/api/v2/monitor/health", timeout=3).json()
+            parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+            return all((h.get(p) or {}).get("status") == "healthy" for p in parts)
+
+        _wait("airflow standalone", timeout, healthy, self.airflow, log)
+        _wait("airflow admin password", 30, lambda: self.password)
+
+    def stop_airflow(self) -> None:
+        _stop_group(self.airflow)
+        self.airflow = None
+
+    def stop(self) -> None:
+        self.stop_airflow()
+        self.stop_sim()
+
+    @property
+    def password(self) -> str | None:
+        f = self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        return json.loads(f.read_text()).get("admin") if f.exists() else None
+
+    # ---- REST --------------------------------------------------------------------------------------
+    def token(self, username: str = "admin", password: str | None = None) -> str:
+        r = requests.post(f"{self.api}/auth/token", json={"username": username, "password": password or self.password},
+                          timeout=10)
+        if r.status_code not in (200, 201):
+            raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
+        return r.json()["access_token"]
+
+    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), **kw) -> dict:
+        if self._token is None:
+            self._token = self.token()
+        r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
+                             timeout=30, **kw)
+        if r.status_code == 401:
+            self._token = self.token()
+            return self.rest(method, path, ok, **kw)
+        if r.status_code not in ok:
+            raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json() if r.content else {}
+
+    def ensure_pool(self) -> None:
+        body = {"name": self.config.pool, "slots": self.config.max_domains_down,
+                "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
+        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
+        if r.get("name") != self.config.pool:
+            self.rest("POST", "/pools", json=body)
+
+    def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
+        def present() -> bool:
+            self.rest("GET", f"/dags/{dag_id}")
+            return True
+
+        _wait(f"DAG {dag_id} parsed", timeout, present, self.airflow, self.home / "airflow.log")
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        run = self.rest("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
+        return str(run["dag_run_id"])
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        tis = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll=None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.run_state(dag_id, run_id)
+            if on_poll is not None:
+                on_poll()
+            if state in ("success", "failed"):
+                return state
+            if self.airflow is not None and self.airflow.poll() is not None:
+                raise StackError("airflow standalone exited while the run was going")
+            time.sleep(1)
+        raise StackError(f"{dag_id} {run_id} did not finish within {timeout:.0f}s")

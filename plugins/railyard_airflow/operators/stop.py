@@ -1,0 +1,82 @@
+"""Operators for the disruptive steps of a domain stop: drain, upgrade, health check, return.
+
+Each is a thin wrapper over `railyard.stop.Stop`; the work is idempotent, so Airflow's retries
+re-attach to what is in flight instead of starting it again.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from railyard.stop import Stop, StopError
+from railyard_airflow.context import make_stop
+from railyard_airflow.hooks.fleet import FleetHook
+
+
+class DomainStopOperator(BaseOperator):
+    """Base: knows its train, domain and fleet connection; subclasses implement `run`."""
+
+    template_fields = ("train_id", "domain")
+    ui_color = "#f0e4d7"
+
+    def __init__(self, *, train_id: str, domain: str, fleet_conn_id: str = FleetHook.default_conn_name,
+                 config_path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.train_id = train_id
+        self.domain = domain
+        self.fleet_conn_id = fleet_conn_id
+        self.config_path = config_path
+
+    @cached_property
+    def hook(self) -> FleetHook:
+        return FleetHook(self.fleet_conn_id)
+
+    def stop_for(self, context: Any) -> Stop:
+        return make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path)
+
+    def execute(self, context: Any) -> Any:
+        stop = self.stop_for(context)
+        try:
+            result = self.run(stop)
+        except StopError as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("%s %s: %s", self.task_id, self.domain, result)
+        return result
+
+    def run(self, stop: Stop) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class DrainDomainOperator(DomainStopOperator):
+    """Drain the leased hosts of the domain and wait until they are empty."""
+
+    def run(self, stop: Stop) -> Any:
+        return stop.drain()
+
+
+class UpgradeDomainOperator(DomainStopOperator):
+    """Apply every pending release to every drained host; failed hosts go to repair."""
+
+    def run(self, stop: Stop) -> Any:
+        return stop.upgrade()
+
+
+class HealthCheckOperator(DomainStopOperator):
+    """Deep health check at the target versions; failed hosts go to repair with the evidence."""
+
+    def run(self, stop: Stop) -> Any:
+        return stop.check()
+
+
+class ReturnDomainOperator(DomainStopOperator):
+    """Return verified hosts and release the lease. Runs as the stop's teardown, whatever failed."""
+
+    ui_color = "#d7f0dc"
+
+    def run(self, stop: Stop) -> Any:
+        return stop.return_hosts()

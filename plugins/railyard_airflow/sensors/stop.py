@@ -1,0 +1,137 @@
+"""The two waits before a domain is touched: buffer capacity (takes the lease) and job checkpoints.
+
+Both poke once and, when the condition is not yet true, defer to a trigger with an absolute
+deadline from the config: nothing waits for Airflow's default sensor timeout of seven days.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from railyard.config import config_path
+from railyard.stop import Stop, StopError
+from railyard_airflow.context import make_stop
+from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
+
+
+class _StopSensor(BaseSensorOperator):
+    template_fields = ("train_id", "domain")
+
+    def __init__(self, *, train_id: str, domain: str, fleet_conn_id: str = FleetHook.default_conn_name,
+                 config_path: str | None = None, wait_s: float = 3600, poll_s: float = 1.0,
+                 deferrable: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", wait_s)
+        kwargs.setdefault("poke_interval", poll_s)
+        super().__init__(**kwargs)
+        self.train_id = train_id
+        self.domain = domain
+        self.fleet_conn_id = fleet_conn_id
+        self.config_path = config_path
+        self.wait_s = wait_s
+        self.poll_s = poll_s
+        self.deferrable = deferrable
+
+    @cached_property
+    def hook(self) -> FleetHook:
+        return FleetHook(self.fleet_conn_id)
+
+    def stop_for(self, context: Any) -> Stop:
+        return make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path)
+
+    def trigger_kwargs(self, context: Any, stop: Stop) -> dict[str, Any]:
+        return dict(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+                    fleet_url=self.hook.base_url, ledger_url=stop.ledger.url,
+                    config_path=str(config_path(self.config_path)),
+                    deadline=time.time() + self.wait_s, poll_interval=self.poll_s)
+
+
+class BufferCapacitySensor(_StopSensor):
+    """Waits until the buffers and `max_domains_down` allow this domain, and takes its lease.
+
+    Skips the stop (and only it) when every host of the domain is already at target.
+    """
+
+    ui_color = "#e8f0ff"
+
+    def _outcome(self, status: str, message: str) -> bool:
+        if status == "granted":
+            self.log.info("lease granted: %s", message)
+            return True
+        if status == "skip":
+            raise AirflowSkipException(message)
+        if status == "stop":
+            raise AirflowFailException(f"train stopped: {message}")
+        if status == "timeout":
+            raise AirflowFailException(f"no capacity for {self.domain} within {self.wait_s:.0f}s")
+        if status == "wait":
+            return False
+        raise AirflowFailException(f"unexpected outcome {status}: {message}")
+
+    def poke(self, context: Any) -> bool:
+        d = self.stop_for(context).take()
+        self.log.info("%s: %s", d.outcome, d.reason)
+        return self._outcome(d.outcome, d.reason)
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        stop = self.stop_for(context)
+        d = stop.take()
+        self.log.info("%s: %s", d.outcome, d.reason)
+        if self._outcome(d.outcome, d.reason):
+            return None
+        self.defer(trigger=BufferCapacityTrigger(**self.trigger_kwargs(context, stop)),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.wait_s + 60))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+        event = event or {"status": "error", "message": "no event"}
+        if not self._outcome(event["status"], event.get("message", "")):
+            raise AirflowFailException(f"capacity wait ended without a lease: {event}")
+
+
+class CheckpointSensor(_StopSensor):
+    """Asks the jobs on the domain to checkpoint and waits until each has a fresh checkpoint."""
+
+    ui_color = "#fff4d6"
+
+    def poke(self, context: Any) -> bool:
+        stop = self.stop_for(context)
+        try:
+            _jobs, since = stop.request_checkpoints()
+        except StopError as exc:
+            raise AirflowFailException(str(exc)) from None
+        stale = stop.stale_jobs(since)
+        self.log.info("jobs without a fresh checkpoint: %s", ", ".join(stale) or "none")
+        return not stale
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        stop = self.stop_for(context)
+        try:
+            jobs, since = stop.request_checkpoints()
+        except StopError as exc:
+            raise AirflowFailException(str(exc)) from None
+        stale = stop.stale_jobs(since)
+        self.log.info("asked %d job(s) to checkpoint; waiting for %s", len(jobs), ", ".join(stale) or "none")
+        if not stale:
+            return None
+        kw = self.trigger_kwargs(context, stop) | {"since": since}
+        self.defer(trigger=CheckpointTrigger(**kw), method_name="execute_complete",
+                   timeout=timedelta(seconds=self.wait_s + 60))
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+        event = event or {}
+        if event.get("status") != "fresh":
+            raise AirflowFailException(
+                f"jobs on {self.domain} did not checkpoint within {self.wait_s:.0f}s: {event.get('message')}"
+            )
+        self.log.info(event["message"])

@@ -1,0 +1,73 @@
+"""Triggers for the two waits of a stop. They carry only primitive kwargs and are safe to run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from railyard.fleet.http import HttpFleet
+from railyard.stop import Stop
+
+
+def _stop(kw: dict[str, Any]) -> Stop:
+    from railyard_airflow.context import make_stop
+
+    return make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"],
+                     fleet=HttpFleet(kw["fleet_url"]), say=lambda _m: None,
+                     ledger_url=kw["ledger_url"], path=kw["config_path"])
+
+
+class _PollingTrigger(BaseTrigger):
+    def __init__(self, *, train_id: str, domain: str, run_id: str, fleet_url: str, ledger_url: str,
+                 config_path: str, deadline: float, poll_interval: float = 1.0, since: float | None = None):
+        super().__init__()
+        self.kw = dict(train_id=train_id, domain=domain, run_id=run_id, fleet_url=fleet_url,
+                       ledger_url=ledger_url, config_path=config_path, deadline=deadline,
+                       poll_interval=poll_interval, since=since)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", dict(self.kw)
+
+    def probe(self) -> dict[str, Any] | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                event = await asyncio.to_thread(self.probe)
+            except Exception as exc:  # the fleet or ledger is briefly unreachable: keep waiting
+                self.log.warning("probe failed, will retry: %s", exc)
+                event = None
+            if event is not None:
+                yield TriggerEvent(event)
+                return
+            if time.time() >= self.kw["deadline"]:
+                yield TriggerEvent({"status": "timeout", "message": "deadline passed while waiting"})
+                return
+            await asyncio.sleep(self.kw["poll_interval"])
+
+
+class BufferCapacityTrigger(_PollingTrigger):
+    """Tries to take the domain lease until the buffers allow it, or the deadline passes."""
+
+    def probe(self) -> dict[str, Any] | None:
+        d = _stop(self.kw).take()
+        if d.outcome == "wait":
+            self.log.info("waiting: %s", d.reason)
+            return None
+        return {"status": d.outcome, "message": d.reason}
+
+
+class CheckpointTrigger(_PollingTrigger):
+    """Waits until every running job on the domain has checkpointed since the request."""
+
+    def probe(self) -> dict[str, Any] | None:
+        stale = _stop(self.kw).stale_jobs(float(self.kw["since"]))
+        if stale:
+            self.log.info("waiting for checkpoints of %s", ", ".join(stale))
+            return None
+        return {"status": "fresh", "message": "every job on the domain has a fresh checkpoint"}

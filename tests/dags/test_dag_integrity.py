@@ -1,0 +1,80 @@
+"""Every generated DAG imports, ids are stable and sorted, and bad config becomes an import error."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from railyard.config import DEFAULT_CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["wait_capacity", "wait_checkpoints", "drain", "upgrade", "health_check", "return_to_service"]
+
+
+def dagbag(monkeypatch, config: Path | None = None):
+    from airflow.dag_processing.dagbag import DagBag
+
+    if config is not None:
+        monkeypatch.setenv("RAILYARD_CONFIG", str(config))
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+def test_demo_dags_import(monkeypatch):
+    bag = dagbag(monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["railyard_train_demo"]
+    dag = bag.dags["railyard_train_demo"]
+    groups = [tid.split(".")[0] for tid in dag.task_ids if tid.endswith(".wait_capacity")]
+    assert groups == [f"pod-{c}" for c in "abcdefgh"]
+    assert [t.split(".")[1] for t in dag.task_ids[:6]] == STEPS
+    assert dag.max_active_runs == 1
+
+
+def test_stop_shape_and_pool(monkeypatch):
+    dag = dagbag(monkeypatch).dags["railyard_train_demo"]
+    ret = dag.get_task("pod-a.return_to_service")
+    assert ret.is_teardown and ret.on_failure_fail_dagrun
+    assert {t.task_id for t in ret.upstream_list} >= {"pod-a.health_check", "pod-a.wait_capacity"}
+    for step in ("drain", "upgrade", "health_check", "return_to_service"):
+        assert dag.get_task(f"pod-a.{step}").pool == "railyard_disruptive"
+    nxt = dag.get_task("pod-b.wait_capacity")
+    assert {t.task_id for t in nxt.upstream_list} == {"pod-a.health_check", "pod-a.return_to_service"}
+    assert nxt.trigger_rule == "none_failed"
+    assert dag.get_task("pod-a.wait_checkpoints").timeout == 300
+
+
+def test_many_trains_sorted_and_stable(monkeypatch, tmp_path):
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    data["trains"] = [dict(data["trains"][0], id=f"t{i:02d}") for i in (3, 1, 2)]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    bag = dagbag(monkeypatch, cfg)
+    assert bag.import_errors == {}
+    want = ["railyard_train_t01", "railyard_train_t02", "railyard_train_t03"]
+    assert sorted(bag.dag_ids) == want
+    from railyard_airflow.factory import build_train_dags
+
+    assert list(build_train_dags(str(cfg))) == want  # built in sorted order, ids from train ids
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d["trains"][0].update(colour="red"), "trains[0].colour: unknown field (value: 'red')"),
+        (lambda d: d["domains"][1].update(hosts=["gpu-a01"]), "host 'gpu-a01' is already in domain 'pod-a'"),
+        (lambda d: d["domains"][0].update(hosts=["gpu;reboot"]), "'gpu;reboot' is not a plain token"),
+        (lambda d: d["buffers"].update(maintenance={"hosts": 2}), "buffers.maintenance: 2 hosts is smaller"),
+    ],
+)
+def test_bad_config_is_an_import_error(monkeypatch, tmp_path, mutate, needle):
+    data = copy.deepcopy(yaml.safe_load(DEFAULT_CONFIG.read_text()))
+    mutate(data)
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    bag = dagbag(monkeypatch, cfg)
+    assert bag.dag_ids == [] or list(bag.dag_ids) == []
+    (err,) = bag.import_errors.values()
+    assert needle in err

@@ -1,0 +1,41 @@
+"""Small, fast configs for tests: written to a file, because DAGs and tasks read the config by path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def small_config(*, domains: int = 3, hosts_per_domain: int = 4, trains: list[dict] | None = None,
+                 speed: float = 600, **sim) -> dict:
+    names = [f"pod-{chr(ord('a') + i)}" for i in range(domains)]
+    return {
+        "components": [
+            {"name": "gpu-driver", "reboot": True, "duration_s": 300},
+            {"name": "gpu-firmware", "reboot": True, "duration_s": 240},
+            {"name": "kernel", "reboot": True, "duration_s": 180},
+        ],
+        "releases": [
+            {"id": "driver-570", "component": "gpu-driver", "version": "570.86.15"},
+            {"id": "firmware-96", "component": "gpu-firmware", "version": "96.00.a5.00.01"},
+            {"id": "kernel-6-1-28", "component": "kernel", "version": "6.1.0-28"},
+        ],
+        "domains": [{"name": n, "hosts": f"gpu-{n[-1]}[01-{hosts_per_domain:02d}]"} for n in names],
+        "trains": trains or [{"id": "demo", "releases": ["driver-570", "firmware-96", "kernel-6-1-28"]}],
+        "buffers": {"maintenance": {"hosts": hosts_per_domain}, "failure": {"hosts": 2}},
+        "timeouts": {"poll_s": 0.1, "capacity_wait_s": 600, "checkpoint_wait_s": 120},
+        "simulator": {
+            "speed": speed,
+            "seed": 11,
+            "initial_versions": {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"},
+            "jobs": {"count": 2, "hosts_per_job": hosts_per_domain, "checkpoint_interval_s": 1800,
+                     "checkpoint_duration_s": 60},
+            **sim,
+        },
+    }
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -16,6 +16,10 @@ class FleetError(RuntimeError):
     """The fleet refused a request or could not be reached."""
 
 
+class FleetNotFound(FleetError):
+    """The request named a host or job the fleet does not know (HTTP 404)."""
+
+
 @runtime_checkable
 class Fleet(Protocol):
     def now(self) -> float:
@@ -35,7 +39,7 @@ class Fleet(Protocol):
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
         """Apply the steps in order on a drained host; steps already at target are no-ops."""
 
-    def start_check(self, host: str, expected: dict[str, str], op: str) -> None:
+    def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
         """Start the deep health check of a drained host against the expected versions."""
 
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]: ...

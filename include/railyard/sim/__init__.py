@@ -1,0 +1,21 @@
+"""The fleet simulator: `SimEngine` (the in-process fleet), `create_app` / `serve` (its HTTP service).
+
+`create_app` and `serve` load lazily, so unit tests that only need the engine do not import FastAPI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from railyard.sim.engine import SimEngine
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("create_app", "serve"):
+        from railyard.sim import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'railyard.sim' has no attribute {name!r}")
+
+
+__all__ = ["SimEngine", "create_app", "serve"]

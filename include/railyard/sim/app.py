@@ -1,0 +1,312 @@
+"""The fleet simulator as an HTTP service: a thin FastAPI layer over `SimEngine`.
+
+Every input is validated before the engine sees it (host names, components and versions are plain
+tokens); the engine's refusals come back as 409, unknown hosts or jobs as 404, bad bodies as 422.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from railyard.config import RailyardConfig
+from railyard.fleet import FleetNotFound
+from railyard.fleet.port import FleetError
+from railyard.models import TOKEN_RE, Capacity, CheckResult, Host, Job, Step, Token, check_token
+from railyard.sim.engine import SimEngine
+
+log = logging.getLogger("railyard.sim")
+
+OpId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=250, pattern=r"^[^\x00-\x1f\x7f]+$"),
+    Field(description="id of the operation that owns the change (a train stop, an emergency, a repair)"),
+]
+HostName = Annotated[str, Path(pattern=TOKEN_RE.pattern, description="host name (a plain token)")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Now(Body):
+    now: float = Field(description="fleet clock, seconds")
+
+
+class Health(Body):
+    ok: bool
+    now: float
+
+
+class CheckpointRequest(Body):
+    jobs: list[Token] = Field(description="job ids to checkpoint now")
+
+
+class CheckpointAck(Body):
+    requested_at: float = Field(description="fleet time of the request; a job is fresh once last_checkpoint >= it")
+
+
+class HostsRequest(Body):
+    hosts: list[Token] = Field(min_length=1, description="host names")
+    op: OpId
+
+
+class UpgradeRequest(Body):
+    steps: list[Step] = Field(min_length=1, description="components to bring to versions, in order")
+    op: OpId
+
+
+class CheckRequest(Body):
+    expected: dict[Token, Token] = Field(description="component -> version the host must run")
+    op: OpId
+
+
+class OffboardRequest(Body):
+    reason: str = Field(min_length=1, max_length=1000, description="why the host goes to repair")
+    op: OpId
+
+
+class SettingsPatch(Body):
+    host_failure_per_hour: float | None = Field(default=None, ge=0, description="random failures per serving host per fleet hour")
+    upgrade_fail_rate: float | None = Field(default=None, ge=0, le=1, description="probability an upgrade fails")
+    check_fail_rate: float | None = Field(default=None, ge=0, le=1, description="probability a deep check fails")
+
+
+class Rates(Body):
+    host_failure_per_hour: float
+    upgrade_fail_rate: float
+    check_fail_rate: float
+
+
+class Interruption(Body):
+    job: str
+    at: float
+    host: str
+    reason: str
+    lost_s: float = Field(description="fleet seconds of work lost (since the job's last checkpoint)")
+    lost_gpu_hours: float
+
+
+class ReturnRecord(Body):
+    host: str
+    op: str
+    at: float
+    verified: bool = Field(description="a passed check for (host, op) at the host's versions existed")
+    versions: dict[str, str]
+
+
+class InstallCount(Body):
+    host: str
+    component: str
+    version: str
+    count: int = Field(description="installs started; more than 1 means the same install ran twice")
+
+
+class StopRecord(Body):
+    op: str
+    domain: str
+    drain_s: float
+    upgrade_s: float
+    check_s: float
+    return_s: float
+    work_s: float = Field(description="sum of the phases: the floor set by the work itself (fleet seconds)")
+    started_at: float | None
+    ended_at: float | None
+    complete: bool
+
+
+class Sample(Body):
+    t: float
+    serving: int
+    by_state: dict[str, int]
+    domains_out: list[str]
+
+
+class AuditReport(Body):
+    now: float
+    speed: float
+    total_hosts: int
+    max_domains_out: int
+    min_serving_fraction: float
+    interruptions: list[Interruption]
+    lost_gpu_hours: float
+    max_lost_s: float
+    returns: list[ReturnRecord]
+    unverified_returns: list[str]
+    installs: list[InstallCount]
+    stops: list[StopRecord]
+    work_seconds: float = Field(description="sum of the stops' work_s in real seconds (divided by speed)")
+
+
+def _names(raw: str | None, what: str) -> list[str] | None:
+    """`a,b` -> ["a", "b"], each checked as a token; absent -> None (all)."""
+    if raw is None:
+        return None
+    names = [n for n in raw.split(",") if n]
+    for n in names:
+        try:
+            check_token(n)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=f"{what}: {exc}") from None
+    return names
+
+
+def create_app(engine: SimEngine) -> FastAPI:
+    app = FastAPI(
+        title="Railyard fleet simulator",
+        version="1",
+        description=(
+            "A simulated GPU fleet on an accelerated clock: hosts in maintenance domains, training jobs "
+            "that checkpoint, drains, upgrades, deep health checks, returns, random failures, and an audit "
+            "of capacity over time. Every call is idempotent and returns at once; long work is observed by "
+            "polling `/v1/hosts` and `/v1/checks`."
+        ),
+    )
+
+    @app.exception_handler(FleetNotFound)
+    def _not_found(_: Request, exc: FleetNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(FleetError)
+    def _refused(_: Request, exc: FleetError) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.get("/healthz", response_model=Health, summary="Liveness")
+    def healthz() -> Any:
+        return {"ok": True, "now": engine.now()}
+
+    v1 = APIRouter(prefix="/v1")
+
+    @v1.get("/now", response_model=Now, summary="The fleet clock")
+    def now() -> Any:
+        return {"now": engine.now()}
+
+    @v1.get("/hosts", response_model=list[Host], summary="Hosts, all or by name")
+    def hosts(names: Annotated[str | None, Query(description="comma-separated host names; all when absent")] = None) -> Any:
+        return engine.hosts(_names(names, "names"))
+
+    @v1.get("/jobs", response_model=list[Job], summary="Jobs running on any of the hosts (all when absent)")
+    def jobs(hosts: Annotated[str | None, Query(description="comma-separated host names")] = None) -> Any:
+        return engine.jobs(_names(hosts, "hosts"))
+
+    @v1.post("/jobs/checkpoint", response_model=CheckpointAck, summary="Ask jobs to checkpoint now")
+    def checkpoint(body: CheckpointRequest) -> Any:
+        return {"requested_at": engine.request_checkpoint(body.jobs)}
+
+    @v1.post("/hosts/drain", response_model=list[Host], summary="Drain hosts (jobs on them are interrupted)")
+    def drain(body: HostsRequest) -> Any:
+        engine.drain(body.hosts, body.op)
+        return engine.hosts(body.hosts)
+
+    @v1.post("/hosts/{host}/upgrade", response_model=Host, summary="Start the upgrade of a drained host")
+    def upgrade(host: HostName, body: UpgradeRequest) -> Any:
+        engine.upgrade(host, body.steps, body.op)
+        return engine.hosts([host])[0]
+
+    @v1.post("/hosts/{host}/check", response_model=CheckResult, summary="Start the deep health check of a drained host")
+    def check(host: HostName, body: CheckRequest) -> Any:
+        return engine.start_check(host, body.expected, body.op)
+
+    @v1.get("/checks", response_model=list[CheckResult], summary="Latest check per host for an operation")
+    def checks(
+        hosts: Annotated[str, Query(description="comma-separated host names")],
+        op: Annotated[str, Query(min_length=1, max_length=250, description="operation id")],
+    ) -> Any:
+        return engine.check_results(_names(hosts, "hosts") or [], op)
+
+    @v1.post("/hosts/return", response_model=list[Host], summary="Return drained hosts to service")
+    def return_(body: HostsRequest) -> Any:
+        engine.return_to_service(body.hosts, body.op)
+        return engine.hosts(body.hosts)
+
+    @v1.post("/hosts/{host}/offboard", response_model=Host, summary="Hand a host to repair with a reason")
+    def offboard(host: HostName, body: OffboardRequest) -> Any:
+        engine.offboard(host, body.reason, body.op)
+        return engine.hosts([host])[0]
+
+    @v1.get("/capacity", response_model=Capacity, summary="Serving hosts and domains out right now")
+    def capacity() -> Any:
+        return engine.capacity()
+
+    @v1.get("/audit", response_model=AuditReport, summary="What happened: capacity, lost work, returns, installs, stops")
+    def audit() -> Any:
+        return engine.audit()
+
+    @v1.get("/audit/samples", response_model=list[Sample], summary="Capacity time series")
+    def samples() -> Any:
+        return engine.samples()
+
+    @v1.get("/settings", response_model=Rates, summary="Fault rates in force")
+    def get_settings() -> Any:
+        return engine.settings()
+
+    @v1.patch("/settings", response_model=Rates, summary="Change fault rates at run time")
+    def patch_settings(body: SettingsPatch) -> Any:
+        return engine.settings(**body.model_dump())
+
+    app.include_router(v1)
+    return app
+
+
+def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1) -> None:
+    """Advance the world regularly so the audit is sampled even when nobody calls."""
+    while not stop.wait(every_s):
+        try:
+            engine.advance()
+        except Exception:  # keep ticking; a bad tick must not stop the simulator
+            log.exception("advance failed")
+
+
+def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None) -> None:
+    """Serve the simulator until SIGTERM/SIGINT; blocks."""
+    engine = SimEngine(config, db_path)
+    app = create_app(engine)
+    stop = threading.Event()
+    ticker = threading.Thread(target=_ticker, args=(engine, stop), name="railyard-sim-advance", daemon=True)
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+            await super().startup(sockets=sockets)
+            if self.started:
+                bound = self.servers[0].sockets[0].getsockname()[1] if self.servers else port
+                print(f"railyard-sim ready on http://{host}:{bound}", flush=True)
+
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=config.simulator.port if port is None else port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    # uvicorn handles SIGTERM/SIGINT itself, then re-raises the signal to the handler that was there
+    # before; a quiet one here makes that a clean exit instead of a kill or a KeyboardInterrupt.
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _quiet) for sig in (signal.SIGTERM, signal.SIGINT)}
+    ticker.start()
+    try:
+        server.run()
+    finally:
+        stop.set()
+        ticker.join(timeout=2)
+        engine.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _quiet(signum: int, frame: FrameType | None) -> None:
+    return None
+
+
+__all__ = ["create_app", "serve"]

@@ -1,0 +1,788 @@
+"""The fleet simulator: hosts, jobs, checkpoints, drains, upgrades, checks and failures on a fast clock.
+
+`SimEngine` implements the `Fleet` protocol directly, so unit tests use it in-process with a fake
+clock (no sleeps) and the HTTP service (`railyard.sim.app`) is a thin layer over it.
+
+Time: the fleet clock is `stored fleet time + (real - real at start) * speed`. Every public method
+first calls `advance()`, which processes everything due up to fleet-now in time order, so the
+result does not depend on how often anyone looks. The world is one JSON snapshot in SQLite
+(rewritten on each change) plus append-only audit rows; a restarted engine continues from the stored
+fleet time, it does not jump by the downtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from railyard.config import RailyardConfig
+from railyard.fleet import FleetNotFound
+from railyard.fleet.port import FleetError
+from railyard.models import (
+    MAINTENANCE_STATES,
+    Capacity,
+    CheckResult,
+    Host,
+    HostState,
+    Job,
+    Step,
+    check_token,
+)
+
+SNAPSHOT_VERSION = 1
+
+# What a deep health check finds when it fails for a reason other than a wrong version.
+_CHECK_FAILURES: tuple[Callable[[random.Random], str], ...] = (
+    lambda r: f"dcgmi diag -r 3: Memory test failed: ECC DBE on GPU {r.randrange(8)}",
+    lambda r: f"all_reduce_perf busbw {r.uniform(150, 340):.1f} GB/s below floor 360 GB/s",
+    lambda r: f"XID 79 (GPU fell off the bus) on GPU {r.randrange(8)}",
+    lambda r: f"dcgmi diag -r 3: PCIe replay count {r.randrange(120, 900)} on GPU {r.randrange(8)} above threshold",
+    lambda r: f"ib_write_bw mlx5_{r.randrange(8)}: {r.uniform(40, 300):.1f} Gb/s below floor 390 Gb/s",
+    lambda r: f"nvidia-smi: GPU {r.randrange(8)} has {r.randrange(1, 9)} retired pages pending",
+)
+
+# Why a serving host breaks by itself.
+_HOST_FAILURES: tuple[Callable[[random.Random], str], ...] = (
+    lambda r: f"XID 48 double-bit ECC error on GPU {r.randrange(8)}",
+    lambda r: f"XID 79 (GPU fell off the bus) on GPU {r.randrange(8)}",
+    lambda r: f"XID 74 NVLink error on GPU {r.randrange(8)}",
+    lambda r: "node unreachable: kernel panic",
+    lambda r: f"PSU {r.randrange(1, 3)} failed",
+)
+
+_INSTALL_ERRORS = ("exit status 1", "exit status 2", "timed out after 900 s")
+
+_PHASES = ("drain", "upgrade", "check", "return")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class _Host:
+    name: str
+    domain: str
+    sku: str
+    gpus: int
+    state: HostState
+    versions: dict[str, str]
+    operation: str | None = None
+    reason: str | None = None
+    last_error: str | None = None
+    until: float | None = None  # when the current transition (drain, upgrade, check, return, repair) ends
+    upgrade: dict[str, Any] | None = None  # {"steps": [[component, version], ...], "fail_index": int | None}
+    fail_at: float | None = None  # next random failure, while serving
+    job: str | None = None
+
+    def public(self) -> Host:
+        return Host(
+            name=self.name,
+            domain=self.domain,
+            sku=self.sku,
+            gpus=self.gpus,
+            state=self.state,
+            versions=dict(self.versions),
+            operation=self.operation,
+            reason=self.reason,
+            last_error=self.last_error,
+        )
+
+
+@dataclass
+class _Job:
+    id: str
+    hosts: list[str]
+    gpus: int
+    state: str  # running | pending
+    last_checkpoint: float
+    checkpoint_interval: float
+    checkpoint_requested_at: float | None = None
+    checkpoint_due: float | None = None  # when a requested checkpoint completes
+
+    def public(self) -> Job:
+        return Job(
+            id=self.id,
+            hosts=list(self.hosts),
+            gpus=self.gpus,
+            state=self.state,
+            last_checkpoint=self.last_checkpoint,
+            checkpoint_requested_at=self.checkpoint_requested_at,
+            checkpoint_interval=self.checkpoint_interval,
+        )
+
+
+@dataclass
+class _Check:
+    host: str
+    op: str
+    expected: dict[str, str]
+    started_at: float
+    versions_at_start: dict[str, str]
+    status: str = "pending"
+    reason: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    done_at: float | None = None
+
+    def public(self) -> CheckResult:
+        return CheckResult(host=self.host, status=self.status, reason=self.reason, versions=dict(self.versions))
+
+
+class _Store:
+    """SQLite persistence: the world as one JSON row, the clock, and append-only audit rows."""
+
+    def __init__(self, path: str):
+        self.conn = sqlite3.connect(path, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        with self.conn:
+            self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS world (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL)"
+            )
+            self.conn.execute("CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), t REAL NOT NULL)")
+            self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
+                "t REAL NOT NULL, data TEXT NOT NULL)"
+            )
+
+    def load(self) -> tuple[dict[str, Any] | None, float | None, list[tuple[str, float, dict[str, Any]]]]:
+        row = self.conn.execute("SELECT data FROM world WHERE id = 1").fetchone()
+        clock = self.conn.execute("SELECT t FROM clock WHERE id = 1").fetchone()
+        rows = self.conn.execute("SELECT kind, t, data FROM audit ORDER BY seq").fetchall()
+        return (
+            json.loads(row[0]) if row else None,
+            clock[0] if clock else None,
+            [(k, t, json.loads(d)) for k, t, d in rows],
+        )
+
+    def save(self, world: dict[str, Any] | None, t: float, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+        with self.conn:
+            if world is not None:
+                self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (json.dumps(world),))
+            self.conn.execute("INSERT OR REPLACE INTO clock (id, t) VALUES (1, ?)", (t,))
+            self.conn.executemany(
+                "INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)", [(k, tt, json.dumps(d)) for k, tt, d in rows]
+            )
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _locked(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concatenate[SimEngine, P], R]:
+    """Run a public method under the lock, on an up-to-date world, and persist what it changed."""
+
+    @functools.wraps(method)
+    def wrapper(self: SimEngine, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            self._advance_locked()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._settle()
+
+    return wrapper
+
+
+class SimEngine:
+    """The simulated fleet. Thread-safe; implements `railyard.fleet.port.Fleet`."""
+
+    def __init__(self, config: RailyardConfig, db_path: str | None = None, clock: Callable[[], float] | None = None):
+        self.config = config
+        self.sim = config.simulator
+        self.speed = float(config.simulator.speed)
+        self._clock = clock or time.monotonic
+        self._lock = threading.RLock()
+        self._components = {c.name: c for c in config.components}
+        self._store = _Store(db_path) if db_path else None
+
+        self._hosts: dict[str, _Host] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._checks: dict[tuple[str, str], _Check] = {}  # latest check per (host, op)
+        self._stops: dict[tuple[str, str], dict[str, list[float | None]]] = {}  # (op, domain) -> phase -> [start, end]
+        self._rates = {
+            "host_failure_per_hour": self.sim.host_failure_per_hour,
+            "upgrade_fail_rate": self.sim.upgrade_fail_rate,
+            "check_fail_rate": self.sim.check_fail_rate,
+        }
+        self._rng = random.Random(self.sim.seed)
+        self._t = 0.0
+        # audit, in memory (persisted as append-only rows)
+        self._samples: list[dict[str, Any]] = []
+        self._interruptions: list[dict[str, Any]] = []
+        self._returns: list[dict[str, Any]] = []
+        self._installs: dict[tuple[str, str, str], int] = {}
+        self._rows: list[tuple[str, float, dict[str, Any]]] = []  # audit rows not yet written
+        self._dirty = False
+        self._saved_t: float | None = None
+
+        world, clock_t, rows = self._store.load() if self._store else (None, None, [])
+        if world is None:
+            self._seed_world()
+        else:
+            self._restore(world, clock_t, rows)
+        self._base_fleet = self._t
+        self._base_real = self._clock()
+        with self._lock:
+            self._settle()
+
+    # ---- the Fleet protocol ------------------------------------------------------------------
+    @_locked
+    def now(self) -> float:
+        return self._t
+
+    @_locked
+    def hosts(self, names: list[str] | None = None) -> list[Host]:
+        if names is None:
+            return [self._hosts[n].public() for n in sorted(self._hosts)]
+        return [self._host(n).public() for n in names]
+
+    @_locked
+    def jobs(self, hosts: list[str] | None = None) -> list[Job]:
+        if hosts is None:
+            return [self._jobs[j].public() for j in sorted(self._jobs)]
+        wanted = {self._host(n).name for n in hosts}
+        return [self._jobs[j].public() for j in sorted(self._jobs) if wanted.intersection(self._jobs[j].hosts)]
+
+    @_locked
+    def request_checkpoint(self, job_ids: list[str]) -> float:
+        jobs = [self._job(j) for j in job_ids]
+        t = self._t
+        self._dirty = True
+        for job in jobs:
+            job.checkpoint_requested_at = t
+            if job.state != "running":
+                job.last_checkpoint = t  # nothing runs, so nothing can be lost
+            elif job.checkpoint_due is None:  # one already on its way also answers this request
+                job.checkpoint_due = t + self.sim.jobs.checkpoint_duration_s
+        return t
+
+    @_locked
+    def drain(self, hosts: list[str], op: str) -> None:
+        self._check_op(op)
+        targets = [self._host(n) for n in hosts]
+        todo: list[_Host] = []
+        for h in targets:
+            if h.operation == op and h.state in MAINTENANCE_STATES:
+                continue  # already out under this operation
+            if h.state != HostState.SERVING or h.operation is not None:
+                raise FleetError(f"cannot drain {h.name}: {self._describe(h)}")
+            todo.append(h)
+        if not todo:
+            return
+        self._dirty = True
+        for h in todo:  # take them all out first, so a displaced job is not re-placed on one of them
+            h.state, h.operation, h.until, h.fail_at = HostState.DRAINING, op, self._t + self.sim.drain_s, None
+            h.last_error = None  # a new operation starts clean
+            self._phase(op, h.domain, "drain", start=self._t)
+        for h in todo:
+            if h.job is not None:
+                self._interrupt(self._jobs[h.job], h.name, f"drained by {op}")
+
+    @_locked
+    def upgrade(self, host: str, steps: list[Step], op: str) -> None:
+        self._check_op(op)
+        h = self._host(host)
+        steps = [s if isinstance(s, Step) else Step.model_validate(s) for s in steps]
+        for s in steps:
+            if s.component not in self._components:
+                raise FleetError(f"cannot upgrade {host}: unknown component {s.component!r}")
+        if h.state == HostState.UPGRADING and h.operation == op:
+            return  # re-attach to the upgrade in flight
+        todo = [s for s in steps if h.versions.get(s.component) != s.version]
+        if not todo and h.operation == op and h.state in MAINTENANCE_STATES:
+            return
+        if h.state != HostState.DRAINED or h.operation != op:
+            raise FleetError(f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
+        if not todo:
+            return
+        self._dirty = True
+        fail_index = self._rng.randrange(len(todo)) if self._rng.random() < self._rates["upgrade_fail_rate"] else None
+        started = todo if fail_index is None else todo[: fail_index + 1]
+        duration = sum(self._components[s.component].duration_s for s in started)
+        if any(self._components[s.component].reboot for s in started):
+            duration += self.sim.reboot_s  # one reboot for the whole batch
+        for s in started:
+            key = (h.name, s.component, s.version)
+            self._installs[key] = self._installs.get(key, 0) + 1
+            self._rows.append(("install", self._t, {"host": h.name, "component": s.component, "version": s.version}))
+        h.state, h.until = HostState.UPGRADING, self._t + duration
+        h.upgrade = {"steps": [[s.component, s.version] for s in todo], "fail_index": fail_index}
+        self._phase(op, h.domain, "upgrade", start=self._t)
+
+    @_locked
+    def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult:
+        """Start a deep check; a repeat for the same (host, op, expected) returns the existing check
+        while the host's versions have not changed since it started."""
+        self._check_op(op)
+        h = self._host(host)
+        for comp, version in expected.items():
+            self._token(comp, "component")
+            self._token(version, "version")
+        existing = self._checks.get((h.name, op))
+        if (
+            existing is not None
+            and existing.expected == expected
+            and (existing.status == "pending" or existing.versions_at_start == h.versions)
+        ):
+            return existing.public()
+        if h.state != HostState.DRAINED or h.operation != op:
+            raise FleetError(f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
+        self._dirty = True
+        check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t, versions_at_start=dict(h.versions))
+        self._checks[(h.name, op)] = check
+        h.state, h.until = HostState.CHECKING, self._t + self.sim.check_s
+        self._phase(op, h.domain, "check", start=self._t)
+        return check.public()
+
+    @_locked
+    def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
+        """The latest check per host for `op`; hosts never checked under `op` are left out."""
+        out: list[CheckResult] = []
+        for name in hosts:
+            check = self._checks.get((self._host(name).name, op))
+            if check is not None:
+                out.append(check.public())
+        return out
+
+    @_locked
+    def return_to_service(self, hosts: list[str], op: str) -> None:
+        self._check_op(op)
+        targets = [self._host(n) for n in hosts]
+        todo: list[_Host] = []
+        for h in targets:
+            if h.state == HostState.SERVING or (h.state == HostState.RETURNING and h.operation == op):
+                continue
+            if h.state not in (HostState.DRAINED, HostState.DRAINING) or h.operation != op:
+                raise FleetError(f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
+            todo.append(h)
+        if not todo:
+            return
+        self._dirty = True
+        for h in todo:
+            check = self._checks.get((h.name, op))
+            verified = check is not None and check.status == "passed" and check.versions == h.versions
+            record = {"host": h.name, "op": op, "at": self._t, "verified": verified, "versions": dict(h.versions)}
+            self._returns.append(record)
+            self._rows.append(("return", self._t, record))
+            h.state, h.until = HostState.RETURNING, self._t + self.sim.return_s
+            self._phase(op, h.domain, "return", start=self._t)
+
+    @_locked
+    def offboard(self, host: str, reason: str, op: str) -> None:
+        self._check_op(op)
+        h = self._host(host)
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > 1000:
+            raise FleetError(f"cannot offboard {host}: give a reason (1 to 1000 characters)")
+        if h.state == HostState.REPAIR:
+            return
+        if h.operation not in (None, op):
+            raise FleetError(f"cannot offboard {host}: {self._describe(h)}")
+        self._dirty = True
+        check = self._checks.get((h.name, op))
+        if h.state == HostState.CHECKING and check is not None and check.status == "pending":
+            check.status, check.reason, check.done_at = "failed", "interrupted: host offboarded", self._t
+        h.state, h.operation, h.reason = HostState.REPAIR, op, reason
+        h.until, h.upgrade, h.fail_at = None, None, None
+        if h.job is not None:
+            self._interrupt(self._jobs[h.job], h.name, f"offboarded by {op}: {reason}")
+
+    @_locked
+    def capacity(self) -> Capacity:
+        return Capacity(
+            now=self._t,
+            total_hosts=len(self._hosts),
+            serving_hosts=sum(h.state == HostState.SERVING for h in self._hosts.values()),
+            by_state=self._by_state(),
+            domains_out=self._domains_out(),
+        )
+
+    # ---- beyond the protocol -------------------------------------------------------------------
+    @_locked
+    def advance(self) -> float:
+        """Process everything due up to fleet-now; the server calls this ~10 times a second."""
+        return self._t
+
+    @_locked
+    def settings(
+        self,
+        host_failure_per_hour: float | None = None,
+        upgrade_fail_rate: float | None = None,
+        check_fail_rate: float | None = None,
+    ) -> dict[str, float]:
+        """Change the fault rates at run time (None keeps a rate); returns the rates now in force."""
+        for name, value, top in (
+            ("upgrade_fail_rate", upgrade_fail_rate, 1.0),
+            ("check_fail_rate", check_fail_rate, 1.0),
+            ("host_failure_per_hour", host_failure_per_hour, math.inf),
+        ):
+            if value is not None and not (0 <= value <= top):
+                raise FleetError(f"{name} must be between 0 and {top}, not {value!r}")
+        if upgrade_fail_rate is not None:
+            self._rates["upgrade_fail_rate"] = float(upgrade_fail_rate)
+        if check_fail_rate is not None:
+            self._rates["check_fail_rate"] = float(check_fail_rate)
+        if host_failure_per_hour is not None:
+            self._rates["host_failure_per_hour"] = float(host_failure_per_hour)
+            for h in self._sorted_hosts():  # failures are memoryless, so redrawing is exact
+                if h.state == HostState.SERVING:
+                    h.fail_at = self._draw_failure()
+        self._dirty = self._dirty or any(v is not None for v in (host_failure_per_hour, upgrade_fail_rate, check_fail_rate))
+        return dict(self._rates)
+
+    @_locked
+    def samples(self) -> list[dict[str, Any]]:
+        """The capacity time series: one sample per change of the host states."""
+        return [dict(s) for s in self._samples]
+
+    @_locked
+    def audit(self) -> dict[str, Any]:
+        """What happened, for the tests and the benchmarks to judge (see the module docs)."""
+        total = len(self._hosts)
+        counts: dict[tuple[str, str, str], int] = self._installs
+        stops = [self._stop_summary(op, dom, phases) for (op, dom), phases in sorted(self._stops.items())]
+        return {
+            "now": self._t,
+            "speed": self.speed,
+            "total_hosts": total,
+            "max_domains_out": max((len(s["domains_out"]) for s in self._samples), default=0),
+            "min_serving_fraction": min((s["serving"] / total for s in self._samples), default=1.0),
+            "interruptions": [dict(i) for i in self._interruptions],
+            "lost_gpu_hours": sum(i["lost_gpu_hours"] for i in self._interruptions),
+            "max_lost_s": max((i["lost_s"] for i in self._interruptions), default=0.0),
+            "returns": [dict(r) for r in self._returns],
+            "unverified_returns": [r["host"] for r in self._returns if not r["verified"]],
+            "installs": [
+                {"host": h, "component": c, "version": v, "count": n} for (h, c, v), n in sorted(counts.items())
+            ],
+            "stops": stops,
+            "work_seconds": sum(s["work_s"] for s in stops) / self.speed,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._settle()
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    # ---- time ------------------------------------------------------------------------------------
+    def _fleet_now(self) -> float:
+        return self._base_fleet + (self._clock() - self._base_real) * self.speed
+
+    def _advance_locked(self) -> None:
+        self._run_until(max(self._t, self._fleet_now()))
+
+    def _run_until(self, target: float) -> None:
+        """Fire every due event in time order (several at one instant fire together), up to `target`."""
+        while True:
+            due = self._next_due()
+            if due is None or due > target:
+                break
+            self._t = max(self._t, due)
+            self._fire(due)
+            self._place_pending()
+            self._sample()
+        self._t = max(self._t, target)
+
+    def _settle(self) -> None:
+        """After a call: place waiting jobs, fire what became due at once, sample and persist."""
+        self._place_pending()
+        self._run_until(self._t)
+        self._sample()
+        self._persist()
+
+    def _next_due(self) -> float | None:
+        times: list[float] = []
+        for h in self._hosts.values():
+            if h.until is not None:
+                times.append(h.until)
+            if h.state == HostState.SERVING and h.fail_at is not None:
+                times.append(h.fail_at)
+        for j in self._jobs.values():
+            if j.state == "running":
+                times.append(j.last_checkpoint + j.checkpoint_interval)
+                if j.checkpoint_due is not None:
+                    times.append(j.checkpoint_due)
+        return min(times, default=None)
+
+    def _fire(self, t: float) -> None:
+        self._dirty = True
+        for j in (self._jobs[k] for k in sorted(self._jobs)):
+            if j.state != "running":
+                continue
+            if j.checkpoint_due is not None and j.checkpoint_due <= t:
+                j.last_checkpoint, j.checkpoint_due = j.checkpoint_due, None
+            if j.last_checkpoint + j.checkpoint_interval <= t:
+                j.last_checkpoint += j.checkpoint_interval
+        for h in self._sorted_hosts():
+            if h.until is not None and h.until <= t:
+                self._finish(h, t)
+            elif h.state == HostState.SERVING and h.fail_at is not None and h.fail_at <= t:
+                self._fail(h)
+
+    def _finish(self, h: _Host, t: float) -> None:
+        """A host's transition ends."""
+        h.until = None
+        if h.state == HostState.DRAINING:
+            h.state = HostState.DRAINED
+            self._phase(h.operation, h.domain, "drain", end=t)
+        elif h.state == HostState.UPGRADING:
+            self._finish_upgrade(h)
+            self._phase(h.operation, h.domain, "upgrade", end=t)
+        elif h.state == HostState.CHECKING:
+            self._finish_check(h, t)
+            self._phase(h.operation, h.domain, "check", end=t)
+        elif h.state == HostState.RETURNING:
+            self._phase(h.operation, h.domain, "return", end=t)
+            h.state, h.operation = HostState.SERVING, None
+            h.fail_at = self._draw_failure()
+        elif h.state == HostState.FAILED:  # repaired
+            h.state, h.reason = HostState.SERVING, None
+            h.fail_at = self._draw_failure()
+
+    def _finish_upgrade(self, h: _Host) -> None:
+        plan = h.upgrade or {"steps": [], "fail_index": None}
+        steps, fail_index = plan["steps"], plan["fail_index"]
+        applied = steps if fail_index is None else steps[:fail_index]
+        for comp, version in applied:
+            h.versions[comp] = version
+        if fail_index is None:
+            h.last_error = None
+        else:
+            comp, version = steps[fail_index]
+            h.last_error = f"install {comp} {version} failed: {self._rng.choice(_INSTALL_ERRORS)}"
+        h.state, h.upgrade = HostState.DRAINED, None
+
+    def _finish_check(self, h: _Host, t: float) -> None:
+        check = self._checks.get((h.name, h.operation or ""))
+        h.state = HostState.DRAINED
+        if check is None or check.status != "pending":
+            return
+        wrong = [(c, want) for c, want in check.expected.items() if h.versions.get(c) != want]
+        if wrong:
+            check.status = "failed"
+            check.reason = "; ".join(
+                f"version mismatch: {c} is {h.versions.get(c, 'missing')}, expected {want}" for c, want in wrong
+            )
+        elif self._rng.random() < self._rates["check_fail_rate"]:
+            check.status, check.reason = "failed", self._rng.choice(_CHECK_FAILURES)(self._rng)
+        else:
+            check.status = "passed"
+        check.versions, check.done_at = dict(h.versions), t
+
+    def _fail(self, h: _Host) -> None:
+        reason = self._rng.choice(_HOST_FAILURES)(self._rng)
+        h.state, h.reason, h.fail_at = HostState.FAILED, reason, None
+        h.until = self._t + self.sim.repair_s
+        if h.job is not None:
+            self._interrupt(self._jobs[h.job], h.name, f"host failed: {reason}")
+
+    def _draw_failure(self) -> float | None:
+        rate = self._rates["host_failure_per_hour"]
+        return self._t + self._rng.expovariate(rate / 3600.0) if rate > 0 else None
+
+    # ---- jobs ------------------------------------------------------------------------------------
+    def _interrupt(self, job: _Job, host: str, reason: str) -> None:
+        """The whole job stops and loses the work since its last checkpoint; it waits to be re-placed."""
+        lost = max(0.0, self._t - job.last_checkpoint)
+        record = {
+            "job": job.id,
+            "at": self._t,
+            "host": host,
+            "reason": reason,
+            "lost_s": lost,
+            "lost_gpu_hours": lost / 3600.0 * job.gpus,
+        }
+        self._interruptions.append(record)
+        self._rows.append(("interruption", self._t, record))
+        for name in job.hosts:
+            self._hosts[name].job = None
+        job.hosts, job.state, job.checkpoint_due = [], "pending", None
+
+    def _place_pending(self, order: list[str] | None = None) -> None:
+        pending = [self._jobs[k] for k in sorted(self._jobs) if self._jobs[k].state == "pending"]
+        if not pending:
+            return
+        names = order or sorted(self._hosts)
+        for job in pending:
+            free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
+            need = self.sim.jobs.hosts_per_job
+            if len(free) < need:
+                continue
+            self._dirty = True
+            job.hosts, job.state, job.last_checkpoint = free[:need], "running", self._t  # resumes from its checkpoint
+            for n in job.hosts:
+                self._hosts[n].job = job.id
+
+    # ---- world ---------------------------------------------------------------------------------
+    def _seed_world(self) -> None:
+        for d in self.config.domains:
+            for name in d.hosts:
+                self._hosts[name] = _Host(
+                    name=name,
+                    domain=d.name,
+                    sku=d.sku,
+                    gpus=self.sim.gpus_per_host,
+                    state=HostState.SERVING,
+                    versions=dict(self.sim.initial_versions),
+                )
+        for h in self._sorted_hosts():
+            h.fail_at = self._draw_failure()
+        spec = self.sim.jobs
+        for i in range(spec.count):
+            self._jobs[f"job-{i + 1:02d}"] = _Job(
+                id=f"job-{i + 1:02d}",
+                hosts=[],
+                gpus=spec.hosts_per_job * self.sim.gpus_per_host,
+                state="pending",
+                last_checkpoint=0.0,
+                checkpoint_interval=spec.checkpoint_interval_s,
+            )
+        names = sorted(self._hosts)
+        offset = (spec.hosts_per_job // 2) % len(names)
+        self._place_pending(order=names[offset:] + names[:offset])  # jobs straddle two domains
+        self._dirty = True
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "t": self._t,
+            "hosts": [asdict(h) for h in self._sorted_hosts()],
+            "jobs": [asdict(self._jobs[k]) for k in sorted(self._jobs)],
+            "checks": [asdict(c) for c in self._checks.values()],
+            "stops": [{"op": op, "domain": dom, "phases": ph} for (op, dom), ph in self._stops.items()],
+            "rates": self._rates,
+            "rng": self._rng.getstate(),
+        }
+
+    def _restore(self, world: dict[str, Any], clock_t: float | None, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+        if world.get("version") != SNAPSHOT_VERSION:
+            raise FleetError(f"simulator database has snapshot version {world.get('version')!r}, expected {SNAPSHOT_VERSION}")
+        stored = {h["name"] for h in world["hosts"]}
+        if stored != set(self.config.host_domain()):
+            raise FleetError(
+                "simulator database was made for a different fleet (its hosts differ from the config); "
+                "use another --db or delete it"
+            )
+        for raw in world["hosts"]:
+            h = _Host(**raw)
+            h.state = HostState(h.state)
+            self._hosts[h.name] = h
+        self._jobs = {j["id"]: _Job(**j) for j in world["jobs"]}
+        self._checks = {(c["host"], c["op"]): _Check(**c) for c in world["checks"]}
+        self._stops = {(s["op"], s["domain"]): s["phases"] for s in world["stops"]}
+        self._rates.update(world["rates"])
+        version, internal, gauss = world["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._t = max(world["t"], clock_t or 0.0)
+        for kind, _t, data in rows:
+            if kind == "sample":
+                self._samples.append(data)
+            elif kind == "interruption":
+                self._interruptions.append(data)
+            elif kind == "return":
+                self._returns.append(data)
+            elif kind == "install":
+                key = (data["host"], data["component"], data["version"])
+                self._installs[key] = self._installs.get(key, 0) + 1
+
+    def _persist(self) -> None:
+        if self._store is not None and (self._dirty or self._rows or self._t != self._saved_t):
+            self._store.save(self._snapshot() if self._dirty else None, self._t, self._rows)
+            self._saved_t = self._t
+        self._rows.clear()
+        self._dirty = False
+
+    # ---- audit -----------------------------------------------------------------------------------
+    def _sample(self) -> None:
+        """Record the capacity picture if it changed since the last sample."""
+        sample = {
+            "t": self._t,
+            "serving": sum(h.state == HostState.SERVING for h in self._hosts.values()),
+            "by_state": self._by_state(),
+            "domains_out": self._domains_out(),
+        }
+        last = self._samples[-1] if self._samples else None
+        if last is not None and all(last[k] == sample[k] for k in ("serving", "by_state", "domains_out")):
+            return
+        self._samples.append(sample)
+        self._rows.append(("sample", self._t, sample))
+
+    def _phase(self, op: str | None, domain: str, phase: str, *, start: float | None = None, end: float | None = None) -> None:
+        if op is None:
+            return
+        phases = self._stops.setdefault((op, domain), {p: [None, None] for p in _PHASES})
+        span = phases[phase]
+        if start is not None and (span[0] is None or start < span[0]):
+            span[0] = start
+        if end is not None and (span[1] is None or end > span[1]):
+            span[1] = end
+
+    def _stop_summary(self, op: str, domain: str, phases: dict[str, list[float | None]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": op, "domain": domain}
+        work = 0.0
+        for p in _PHASES:
+            start, end = phases[p]
+            took = end - start if start is not None and end is not None else 0.0
+            out[f"{p}_s"] = took
+            work += took
+        starts = [s for s, _ in phases.values() if s is not None]
+        ends = [e for _, e in phases.values() if e is not None]
+        out["work_s"] = work
+        out["started_at"] = min(starts, default=None)
+        out["ended_at"] = max(ends, default=None)
+        out["complete"] = phases["return"][1] is not None
+        return out
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _sorted_hosts(self) -> list[_Host]:
+        return [self._hosts[n] for n in sorted(self._hosts)]
+
+    def _by_state(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in HostState}
+        for h in self._hosts.values():
+            counts[h.state.value] += 1
+        return counts
+
+    def _domains_out(self) -> list[str]:
+        return sorted({h.domain for h in self._hosts.values() if h.state in MAINTENANCE_STATES})
+
+    def _host(self, name: str) -> _Host:
+        h = self._hosts.get(name) if isinstance(name, str) else None
+        if h is None:
+            raise FleetNotFound(f"unknown host {name!r}")
+        return h
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            raise FleetNotFound(f"unknown job {job_id!r}")
+        return job
+
+    @staticmethod
+    def _check_op(op: str) -> None:
+        if not isinstance(op, str) or not op or len(op) > 250 or not op.isprintable():
+            raise FleetError(f"operation id {op!r} must be 1 to 250 printable characters")
+
+    @staticmethod
+    def _token(value: str, what: str) -> None:
+        try:
+            check_token(value)
+        except ValueError as exc:
+            raise FleetError(f"bad {what}: {exc}") from None
+
+    @staticmethod
+    def _describe(h: _Host) -> str:
+        holder = f"held by operation {h.operation!r}" if h.operation else "held by no operation"
+        why = f" ({h.reason})" if h.reason and h.state in (HostState.FAILED, HostState.REPAIR) else ""
+        return f"host {h.name} is {h.state.value}{why}, {holder}"
+
+
+__all__ = ["SimEngine"]

@@ -1,0 +1,377 @@
+"""The fleet simulator in-process: a fake real clock moved by hand, so nothing sleeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from railyard.config import RailyardConfig, parse_config
+from railyard.fleet import FleetNotFound
+from railyard.fleet.port import Fleet, FleetError
+from railyard.models import HostState, Step
+from railyard.sim.engine import SimEngine
+
+SPEED = 10.0
+TARGETS = {"gpu-driver": "570.86.15", "nic-firmware": "28.43.1014"}
+STEPS = [Step(component=c, version=v) for c, v in TARGETS.items()]
+DRIVER_S, NIC_S, REBOOT_S = 300.0, 120.0, 180.0
+UPGRADE_S = DRIVER_S + NIC_S + REBOOT_S  # only the driver reboots, once
+
+
+def small_config(**sim: object) -> RailyardConfig:
+    """4 domains x 4 hosts; 2 jobs of 4 hosts placed from offset 2 (job-01: a3 a4 b1 b2; job-02: b3 b4 c1 c2)."""
+    simulator = {
+        "speed": SPEED,
+        "seed": 3,
+        "initial_versions": {"gpu-driver": "550.127.08", "nic-firmware": "28.39.2048"},
+        "gpus_per_host": 8,
+        "jobs": {"count": 2, "hosts_per_job": 4, "checkpoint_interval_s": 1800, "checkpoint_duration_s": 60},
+        "drain_s": 120,
+        "check_s": 300,
+        "reboot_s": REBOOT_S,
+        "return_s": 30,
+        "upgrade_fail_rate": 0.0,
+        "check_fail_rate": 0.0,
+        "host_failure_per_hour": 0.0,
+        "repair_s": 3600,
+    }
+    simulator.update(sim)
+    return parse_config(
+        {
+            "components": [
+                {"name": "gpu-driver", "reboot": True, "duration_s": DRIVER_S},
+                {"name": "nic-firmware", "reboot": False, "duration_s": NIC_S},
+            ],
+            "releases": [
+                {"id": "driver-570", "component": "gpu-driver", "version": "570.86.15"},
+                {"id": "nic-28-43", "component": "nic-firmware", "version": "28.43.1014"},
+            ],
+            "domains": [{"name": f"pod-{x}", "hosts": f"gpu-{x}[1-4]"} for x in "abcd"],
+            "trains": [{"id": "t", "releases": ["driver-570", "nic-28-43"]}],
+            "buffers": {"maintenance": {"hosts": 4}, "failure": {"hosts": 1}},
+            "simulator": simulator,
+        }
+    )
+
+
+class FakeClock:
+    """Real seconds, moved by hand; `fleet(s)` moves it so the fleet clock advances `s` seconds."""
+
+    def __init__(self) -> None:
+        self.t = 5000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def fleet(self, seconds: float) -> None:
+        self.t += seconds / SPEED
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sim(clock: FakeClock) -> SimEngine:
+    return SimEngine(small_config(), None, clock=clock)
+
+
+POD_A = ["gpu-a1", "gpu-a2", "gpu-a3", "gpu-a4"]
+
+
+def drained(sim: SimEngine, clock: FakeClock, hosts: list[str], op: str) -> None:
+    sim.drain(hosts, op)
+    clock.fleet(120)
+    assert {h.state for h in sim.hosts(hosts)} == {HostState.DRAINED}
+
+
+def test_implements_the_fleet_protocol(sim: SimEngine) -> None:
+    assert isinstance(sim, Fleet)
+
+
+def test_jobs_are_placed_across_two_domains(sim: SimEngine) -> None:
+    jobs = {j.id: j for j in sim.jobs()}
+    assert jobs["job-01"].hosts == ["gpu-a3", "gpu-a4", "gpu-b1", "gpu-b2"]
+    assert jobs["job-02"].hosts == ["gpu-b3", "gpu-b4", "gpu-c1", "gpu-c2"]
+    assert all(j.state == "running" and j.gpus == 32 for j in jobs.values())
+    assert [j.id for j in sim.jobs(["gpu-b4"])] == ["job-02"]
+
+
+def test_fleet_clock_runs_speed_times_real_time(sim: SimEngine, clock: FakeClock) -> None:
+    start = sim.now()
+    clock.t += 3.0
+    assert sim.now() == pytest.approx(start + 3.0 * SPEED)
+
+
+def test_drain_interrupts_job_and_records_lost_work(sim: SimEngine, clock: FakeClock) -> None:
+    clock.fleet(500)
+    sim.drain(POD_A, "op-1")
+    audit = sim.audit()
+    assert len(audit["interruptions"]) == 1
+    hit = audit["interruptions"][0]
+    assert hit["job"] == "job-01" and hit["host"] in POD_A and "op-1" in hit["reason"]
+    assert hit["lost_s"] == pytest.approx(500)
+    assert hit["lost_gpu_hours"] == pytest.approx(500 / 3600 * 32)
+    assert audit["lost_gpu_hours"] == pytest.approx(500 / 3600 * 32)
+    assert audit["max_lost_s"] == pytest.approx(500)
+    # re-placed at once on free serving hosts outside pod-a, resuming from its checkpoint
+    job = next(j for j in sim.jobs() if j.id == "job-01")
+    assert job.state == "running" and not set(job.hosts) & set(POD_A)
+    assert all(h.state == HostState.SERVING for h in sim.hosts(job.hosts))
+    assert job.last_checkpoint == pytest.approx(500)
+    assert {h.state for h in sim.hosts(POD_A)} == {HostState.DRAINING}
+    assert all(h.operation == "op-1" for h in sim.hosts(POD_A))
+    clock.fleet(119)
+    assert {h.state for h in sim.hosts(POD_A)} == {HostState.DRAINING}
+    clock.fleet(1)
+    assert {h.state for h in sim.hosts(POD_A)} == {HostState.DRAINED}
+
+
+def test_job_without_hosts_waits_and_is_placed_when_hosts_return(clock: FakeClock) -> None:
+    sim = SimEngine(small_config(jobs={"count": 4, "hosts_per_job": 4}), None, clock=clock)
+    assert all(j.state == "running" for j in sim.jobs())  # 16 hosts, 4 jobs of 4: the fleet is full
+    assert sim.jobs(["gpu-a1"])[0].hosts == ["gpu-d3", "gpu-d4", "gpu-a1", "gpu-a2"]  # placement wraps around
+    drained(sim, clock, POD_A, "op-1")
+    assert sorted(i["job"] for i in sim.audit()["interruptions"]) == ["job-01", "job-04"]
+    # job-01 takes the 4 hosts the two jobs left outside pod-a; job-04 waits with no hosts
+    pending = [j for j in sim.jobs() if j.state == "pending"]
+    assert [j.id for j in pending] == ["job-04"] and pending[0].hosts == []
+    sim.return_to_service(POD_A, "op-1")
+    clock.fleet(30)
+    assert all(j.state == "running" for j in sim.jobs())
+
+
+def test_requested_checkpoint_completes_after_its_duration(sim: SimEngine, clock: FakeClock) -> None:
+    clock.fleet(700)
+    at = sim.request_checkpoint(["job-01"])
+    assert at == pytest.approx(700)
+    job = sim.jobs(["gpu-a3"])[0]
+    assert job.checkpoint_requested_at == pytest.approx(at) and job.last_checkpoint < at
+    clock.fleet(59)
+    assert sim.jobs(["gpu-a3"])[0].last_checkpoint < at
+    clock.fleet(1)
+    assert sim.jobs(["gpu-a3"])[0].last_checkpoint >= at
+    sim.drain(POD_A, "op-1")  # a fresh checkpoint: nothing lost
+    assert sim.audit()["max_lost_s"] == pytest.approx(0, abs=1e-6)
+    with pytest.raises(FleetNotFound, match="job-99"):
+        sim.request_checkpoint(["job-99"])
+
+
+def test_jobs_checkpoint_on_their_own_interval(sim: SimEngine, clock: FakeClock) -> None:
+    clock.fleet(1800 * 2 + 10)
+    assert all(j.last_checkpoint == pytest.approx(3600) for j in sim.jobs())
+
+
+def test_upgrade_applies_versions_once_and_is_idempotent(sim: SimEngine, clock: FakeClock) -> None:
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    sim.upgrade("gpu-a1", STEPS, "op-1")
+    assert sim.hosts(["gpu-a1"])[0].state == HostState.UPGRADING
+    clock.fleet(100)
+    sim.upgrade("gpu-a1", STEPS, "op-1")  # a retried task re-attaches, nothing new starts
+    clock.fleet(UPGRADE_S - 101)
+    assert sim.hosts(["gpu-a1"])[0].state == HostState.UPGRADING  # driver + nic + one reboot
+    clock.fleet(1)
+    host = sim.hosts(["gpu-a1"])[0]
+    assert host.state == HostState.DRAINED and host.versions == TARGETS and host.last_error is None
+    sim.upgrade("gpu-a1", STEPS, "op-1")  # at target: nothing happens
+    assert sim.hosts(["gpu-a1"])[0].state == HostState.DRAINED
+    installs = {(i["host"], i["component"], i["version"]): i["count"] for i in sim.audit()["installs"]}
+    assert installs == {("gpu-a1", c, v): 1 for c, v in TARGETS.items()}
+    stop = sim.audit()["stops"][0]
+    assert stop["upgrade_s"] == pytest.approx(UPGRADE_S)
+
+
+def test_upgrade_skips_steps_at_target_and_coalesces_reboots(sim: SimEngine, clock: FakeClock) -> None:
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    sim.upgrade("gpu-a1", [Step(component="nic-firmware", version="28.43.1014")], "op-1")
+    clock.fleet(NIC_S)  # no reboot for the NIC alone
+    assert sim.hosts(["gpu-a1"])[0].state == HostState.DRAINED
+    sim.upgrade("gpu-a1", STEPS, "op-1")  # only the driver is left
+    clock.fleet(DRIVER_S + REBOOT_S)
+    assert sim.hosts(["gpu-a1"])[0].versions == TARGETS
+    assert all(i["count"] == 1 for i in sim.audit()["installs"])
+
+
+def test_upgrade_needs_the_host_drained_and_held(sim: SimEngine, clock: FakeClock) -> None:
+    with pytest.raises(FleetError, match="gpu-a1.*serving"):
+        sim.upgrade("gpu-a1", STEPS, "op-1")
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    with pytest.raises(FleetError, match="held by operation 'op-1'"):
+        sim.upgrade("gpu-a1", STEPS, "op-2")
+    with pytest.raises(FleetError, match="unknown component 'bios'"):
+        sim.upgrade("gpu-a1", [Step(component="bios", version="1.2")], "op-1")
+
+
+def test_failed_upgrade_sets_last_error_and_keeps_earlier_steps(sim: SimEngine, clock: FakeClock) -> None:
+    sim.settings(upgrade_fail_rate=1.0)
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    sim.upgrade("gpu-a1", STEPS, "op-1")
+    clock.fleet(UPGRADE_S)
+    host = sim.hosts(["gpu-a1"])[0]
+    assert host.state == HostState.DRAINED
+    assert host.last_error is not None and host.last_error.startswith("install ") and " failed: " in host.last_error
+    failed_comp = host.last_error.split()[1]
+    assert host.versions[failed_comp] != TARGETS[failed_comp]
+    order = list(TARGETS)
+    for comp in order[: order.index(failed_comp)]:
+        assert host.versions[comp] == TARGETS[comp]
+
+
+def test_check_fails_on_a_wrong_version_and_names_it(sim: SimEngine, clock: FakeClock) -> None:
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    first = sim.start_check("gpu-a1", TARGETS, "op-1")
+    assert first.status == "pending" and sim.hosts(["gpu-a1"])[0].state == HostState.CHECKING
+    clock.fleet(300)
+    [result] = sim.check_results(["gpu-a1", "gpu-a2"], "op-1")  # a2 never checked: left out
+    assert result.status == "failed"
+    assert "gpu-driver" in result.reason and "550.127.08" in result.reason and "570.86.15" in result.reason
+    assert result.versions["gpu-driver"] == "550.127.08"
+    assert sim.hosts(["gpu-a1"])[0].state == HostState.DRAINED
+    again = sim.start_check("gpu-a1", TARGETS, "op-1")  # a repeat returns the existing check
+    assert again == result and sim.hosts(["gpu-a1"])[0].state == HostState.DRAINED
+    assert sim.check_results(["gpu-a1"], "op-2") == []
+
+
+def test_check_fail_rate_gives_a_deep_check_reason(sim: SimEngine, clock: FakeClock) -> None:
+    sim.settings(check_fail_rate=1.0)
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    sim.start_check("gpu-a1", {"gpu-driver": "550.127.08"}, "op-1")
+    clock.fleet(300)
+    [result] = sim.check_results(["gpu-a1"], "op-1")
+    assert result.status == "failed" and "mismatch" not in result.reason and result.reason
+
+
+def full_stop(sim: SimEngine, clock: FakeClock, hosts: list[str], op: str) -> None:
+    drained(sim, clock, hosts, op)
+    for h in hosts:
+        sim.upgrade(h, STEPS, op)
+    clock.fleet(UPGRADE_S)
+    for h in hosts:
+        sim.start_check(h, TARGETS, op)
+    clock.fleet(300)
+    assert {r.status for r in sim.check_results(hosts, op)} == {"passed"}
+    sim.return_to_service(hosts, op)
+    clock.fleet(30)
+
+
+def test_return_without_a_passed_check_is_counted_unverified(sim: SimEngine, clock: FakeClock) -> None:
+    full_stop(sim, clock, ["gpu-a1"], "op-1")
+    drained(sim, clock, ["gpu-a2", "gpu-a3"], "op-2")
+    sim.return_to_service(["gpu-a2"], "op-2")  # never checked
+    sim.return_to_service(["gpu-a2"], "op-2")  # a repeat: no second return
+    sim.start_check("gpu-a3", TARGETS, "op-2")  # fails: not upgraded
+    clock.fleet(300)
+    assert sim.check_results(["gpu-a3"], "op-2")[0].status == "failed"
+    sim.return_to_service(["gpu-a3"], "op-2")
+    clock.fleet(30)
+    hosts = ["gpu-a1", "gpu-a2", "gpu-a3"]
+    assert {h.state for h in sim.hosts(hosts)} == {HostState.SERVING}
+    assert all(h.operation is None for h in sim.hosts(hosts))
+    audit = sim.audit()
+    assert audit["unverified_returns"] == ["gpu-a2", "gpu-a3"]
+    assert [(r["host"], r["verified"]) for r in audit["returns"]] == [
+        ("gpu-a1", True),
+        ("gpu-a2", False),
+        ("gpu-a3", False),
+    ]
+    sim.return_to_service(["gpu-a1"], "op-1")  # serving already: a no-op
+
+
+def test_a_full_stop_records_its_work_time(sim: SimEngine, clock: FakeClock) -> None:
+    full_stop(sim, clock, POD_A, "op-1")
+    assert {h.state for h in sim.hosts(POD_A)} == {HostState.SERVING}
+    [stop] = sim.audit()["stops"]
+    assert (stop["op"], stop["domain"], stop["complete"]) == ("op-1", "pod-a", True)
+    expected = {"drain_s": 120, "upgrade_s": UPGRADE_S, "check_s": 300, "return_s": 30}
+    assert {k: stop[k] for k in expected} == pytest.approx(expected)
+    assert stop["work_s"] == pytest.approx(sum(expected.values()))
+    assert sim.audit()["work_seconds"] == pytest.approx(sum(expected.values()) / SPEED)
+
+
+def test_domains_out_counts_two_domains(sim: SimEngine, clock: FakeClock) -> None:
+    sim.drain(POD_A, "op-1")
+    assert sim.capacity().domains_out == ["pod-a"]
+    sim.drain(["gpu-c1", "gpu-c2"], "op-2")
+    cap = sim.capacity()
+    assert cap.domains_out == ["pod-a", "pod-c"]
+    assert cap.serving_hosts == 10 and cap.by_state["draining"] == 6 and cap.total_hosts == 16
+    clock.fleet(120)
+    sim.return_to_service(POD_A, "op-1")
+    sim.return_to_service(["gpu-c1", "gpu-c2"], "op-2")
+    clock.fleet(30)
+    assert sim.capacity().domains_out == []
+    audit = sim.audit()
+    assert audit["max_domains_out"] == 2
+    assert audit["min_serving_fraction"] == pytest.approx(10 / 16)
+    assert [s["domains_out"] for s in sim.samples()][-1] == []
+
+
+def test_drain_of_a_host_held_by_another_op_is_refused(sim: SimEngine, clock: FakeClock) -> None:
+    sim.drain(["gpu-a1"], "op-1")
+    sim.drain(["gpu-a1"], "op-1")  # the same op again: a no-op
+    with pytest.raises(FleetError, match=r"gpu-a1 is draining, held by operation 'op-1'"):
+        sim.drain(["gpu-a2", "gpu-a1"], "op-2")
+    assert sim.hosts(["gpu-a2"])[0].state == HostState.SERVING  # refused whole: nothing touched
+    with pytest.raises(FleetNotFound, match="gpu-zz9"):
+        sim.drain(["gpu-zz9"], "op-2")
+    with pytest.raises(FleetNotFound, match="gpu-zz9"):
+        sim.hosts(["gpu-zz9"])
+
+
+def test_offboard_sends_a_host_to_repair(sim: SimEngine, clock: FakeClock) -> None:
+    drained(sim, clock, ["gpu-a1"], "op-1")
+    sim.offboard("gpu-a1", "health check failed: XID 79", "op-1")
+    sim.offboard("gpu-a1", "health check failed: XID 79", "op-1")
+    clock.fleet(10 * 3600)
+    host = sim.hosts(["gpu-a1"])[0]
+    assert (host.state, host.reason, host.operation) == (HostState.REPAIR, "health check failed: XID 79", "op-1")
+    with pytest.raises(FleetError, match="repair"):
+        sim.drain(["gpu-a1"], "op-2")
+
+
+def test_random_failures_interrupt_jobs_and_hosts_come_back(clock: FakeClock) -> None:
+    sim = SimEngine(small_config(repair_s=600), None, clock=clock)
+    sim.settings(host_failure_per_hour=50.0)
+    clock.fleet(60)
+    failed = [h for h in sim.hosts() if h.state == HostState.FAILED]
+    assert failed and all(h.reason for h in failed)
+    assert any(i["reason"].startswith("host failed:") for i in sim.audit()["interruptions"])
+    sim.settings(host_failure_per_hour=0.0)
+    clock.fleet(600)
+    assert all(h.state == HostState.SERVING for h in sim.hosts())
+
+
+def test_state_survives_a_restart(tmp_path: Path) -> None:
+    db = str(tmp_path / "sim.db")
+    first_clock = FakeClock()
+    first = SimEngine(small_config(), db, clock=first_clock)
+    full_stop(first, first_clock, ["gpu-a1"], "op-1")
+    drained(first, first_clock, ["gpu-b1"], "op-2")
+    first_clock.fleet(1000)
+    before_now, before_audit = first.now(), first.audit()
+    first.close()
+
+    second_clock = FakeClock()
+    second_clock.t = 123_456.0  # real time moved on while it was down: the fleet clock does not jump
+    second = SimEngine(small_config(), db, clock=second_clock)
+    assert second.now() == pytest.approx(before_now, abs=1e-6)
+    assert second.hosts(["gpu-a1"])[0].versions == TARGETS
+    b1 = second.hosts(["gpu-b1"])[0]
+    assert (b1.state, b1.operation) == (HostState.DRAINED, "op-2")
+    after = second.audit()
+    for key in ("installs", "returns", "interruptions", "stops", "max_domains_out"):
+        assert after[key] == before_audit[key]
+    second.return_to_service(["gpu-b1"], "op-2")  # carries on where it stopped
+    second_clock.fleet(30)
+    assert second.hosts(["gpu-b1"])[0].state == HostState.SERVING
+
+
+def test_a_db_from_another_fleet_is_refused(tmp_path: Path, clock: FakeClock) -> None:
+    db = str(tmp_path / "sim.db")
+    SimEngine(small_config(), db, clock=clock).close()
+    other = small_config().model_dump()
+    other["domains"] = [{"name": "pod-z", "hosts": ["gpu-z1", "gpu-z2", "gpu-z3", "gpu-z4"]}]
+    with pytest.raises(FleetError, match="different fleet"):
+        SimEngine(parse_config(other), db, clock=clock)

@@ -23,7 +23,8 @@ from railyard.stop import pending_steps
 TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
 
 
-def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, train_id: str, t0: float) -> str:
+def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, train_id: str, t0: float,
+                  memo: dict | None = None) -> str:
     cfg = stack.config
     train = cfg.train(train_id)
     domains = cfg.train_domains(train)
@@ -37,6 +38,11 @@ def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, trai
         for task in ("wait_capacity", "wait_checkpoints", "drain", "upgrade", "health_check", "return_to_service"):
             if states.get(f"{d.name}.{task}") in ("running", "deferred", "queued", "scheduled", "up_for_retry"):
                 current, step = d.name, task
+    memo = {} if memo is None else memo
+    if current:  # between two tasks nothing runs: keep showing where the train is
+        memo["at"] = (current, step)
+    elif memo.get("at") and done < len(domains):
+        current, step = memo["at"]
     hosts = fleet.hosts()
     targets = cfg.train_targets(train)
     upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
@@ -81,12 +87,13 @@ def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = Fa
     t0 = time.monotonic()
     run_id = stack.trigger(dag_id)
     last = ""
+    memo: dict = {}
 
     def poll() -> None:
         nonlocal last
         if quiet:
             return
-        line = progress_line(stack, fleet, dag_id, run_id, train_id, t0)
+        line = progress_line(stack, fleet, dag_id, run_id, train_id, t0, memo)
         if line.split("]", 1)[1] != last:
             print(line, flush=True)
             last = line.split("]", 1)[1]

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from railyard.models import Strict, Token, check_token
+from railyard.recipes import CommandTemplate
+from railyard.ssh.spec import SshSpec, ssh_problems
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "railyard.yaml"
 
@@ -49,6 +51,9 @@ class ComponentSpec(Strict):
     name: Token
     reboot: bool = False
     duration_s: float = Field(default=600, gt=0, description="expected install time on the fleet clock")
+    install: CommandTemplate | None = Field(default=None, description="install command template (ssh backend)")
+    verify: CommandTemplate | None = Field(default=None, description="prints the installed version (ssh backend)")
+    timeout_s: float = Field(default=3600, gt=0, description="real seconds one install may run on a host")
 
 
 class ReleaseSpec(Strict):
@@ -124,7 +129,11 @@ class TimeoutsSpec(Strict):
 
 
 class FleetSpec(Strict):
+    """`http`: a fleet manager (the simulator) at Airflow connection `connection`; `ssh`: plain hosts."""
+
+    backend: Literal["http", "ssh"] = "http"
     connection: Token = "railyard_fleet"
+    ssh: SshSpec | None = None
 
 
 class LedgerSpec(Strict):
@@ -233,6 +242,13 @@ class RailyardConfig(Strict):
                 f"buffers.maintenance: {maint} hosts is smaller than domain {largest.name!r} "
                 f"({len(largest.hosts)} hosts); one domain must fit in the maintenance buffer"
             )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _ssh_checks(self) -> RailyardConfig:
+        problems = ssh_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -39,3 +39,25 @@ def small_config(*, domains: int = 3, hosts_per_domain: int = 4, trains: list[di
 def write_config(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def ssh_config(farm_hosts: dict, *, domains: int = 4, hosts_per_domain: int = 4, failure_hosts: int = 8,
+               install_timeout_s: float = 3, known_hosts: str | None = None, key_file: str | None = None,
+               user: str | None = None, state_db: str | None = None, parallelism: int = 16) -> dict:
+    """The SSH backend over test sshd hosts named gpu-<domain letter><nn>, with the stand-in recipes."""
+    recipe = {"install": "railyard-install {component} {version}", "verify": "railyard-version {component}",
+              "timeout_s": install_timeout_s}
+    base = small_config(domains=domains, hosts_per_domain=hosts_per_domain)
+    base["components"] = [{**c, **recipe} for c in base["components"]]
+    base["domains"] = [{**d, "sku": "h100"} for d in base["domains"]]
+    base["buffers"] = {"maintenance": {"hosts": hosts_per_domain}, "failure": {"hosts": failure_hosts}}
+    base["timeouts"] = {"poll_s": 0.1, "capacity_wait_s": 120, "checkpoint_wait_s": 60, "upgrade_s": 60,
+                        "check_s": 60, "drain_s": 30, "return_s": 30}
+    ssh: dict = {"hosts": farm_hosts, "connect_timeout_s": 5, "command_timeout_s": 20, "parallelism": parallelism,
+                 "reboot_command": "railyard-reboot {host}",
+                 "checks": {"dcgm_level": 2, "nccl_min_busbw_gbps": {"h100": 300}, "gpus_per_sku": {"h100": 8}}}
+    for k, v in (("known_hosts", known_hosts), ("key_file", key_file), ("user", user), ("state_db", state_db)):
+        if v is not None:
+            ssh[k] = v
+    base["fleet"] = {"backend": "ssh", "ssh": ssh}
+    return base

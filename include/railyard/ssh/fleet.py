@@ -1,0 +1,369 @@
+"""`SshFleet`: the Fleet port for plain hosts reached over SSH, with no job scheduler.
+
+Host states (serving, drained, upgrading, checking, repair...) are Railyard's own record, kept in a
+small SQLite file, with every transition in an `events` table: the audit of which domains were out
+and when. Drain, return and offboard are state changes here; upgrades and deep checks run on the
+hosts through an `SshRunner`, detached, and are observed by polling when `hosts()` is read. There
+are no jobs: `jobs()` is empty and a checkpoint request is answered at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from railyard.config import RailyardConfig
+from railyard.fleet.port import FleetError
+from railyard.hosts.port import RunnerError
+from railyard.models import MAINTENANCE_STATES, Capacity, CheckResult, Host, HostState, Job, Step, check_token
+from railyard.ssh.runner import Connector, SshRunner, result_of
+
+log = logging.getLogger("railyard.ssh")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (
+  name TEXT PRIMARY KEY, domain TEXT NOT NULL, sku TEXT NOT NULL, state TEXT NOT NULL,
+  operation TEXT, reason TEXT, last_error TEXT, versions TEXT NOT NULL DEFAULT '{}',
+  versions_at REAL NOT NULL DEFAULT 0, steps TEXT, expected TEXT, since REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checks (
+  op TEXT NOT NULL, host TEXT NOT NULL, status TEXT NOT NULL, reason TEXT, versions TEXT NOT NULL,
+  verdicts TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (op, host)
+);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, host TEXT NOT NULL, domain TEXT NOT NULL,
+  from_state TEXT, to_state TEXT NOT NULL, op TEXT, reason TEXT
+);
+"""
+
+
+def default_state_db() -> Path:
+    home = Path(os.environ.get("RAILYARD_HOME", Path.home() / ".railyard"))
+    home.mkdir(parents=True, exist_ok=True)
+    return home / "ssh-fleet.db"
+
+
+class SshFleet:
+    """A `Fleet` over the hosts of `config.fleet.ssh`, driven through `runner`."""
+
+    def __init__(self, config: RailyardConfig, runner: SshRunner, state_db: str | os.PathLike[str] | None = None,
+                 *, grace_s: float = 300.0):
+        ssh = config.fleet.ssh
+        if ssh is None:
+            raise ValueError("fleet.ssh: the ssh backend needs this section")
+        self.config = config
+        self.ssh = ssh
+        self.runner = runner
+        self.path = Path(state_db or ssh.state_db or default_state_db())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.grace_s = grace_s
+        self.domain_of = config.host_domain()
+        self.sku_of = {h: d.sku for d in config.domains for h in d.hosts}
+        with self._db() as c:
+            c.executescript(_SCHEMA)
+
+    @classmethod
+    def from_config(cls, config: RailyardConfig, connect: Connector, state_db: str | None = None) -> SshFleet:
+        return cls(config, SshRunner.from_config(config, connect), state_db)
+
+    def __repr__(self) -> str:
+        return f"SshFleet({len(self.domain_of)} hosts, state {self.path})"
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # ---- storage ------------------------------------------------------------------------------
+    @contextmanager
+    def _db(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        c = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        c.row_factory = sqlite3.Row
+        try:
+            c.execute("PRAGMA journal_mode=WAL")
+            if write:
+                c.execute("BEGIN IMMEDIATE")
+            yield c
+            if write:
+                c.execute("COMMIT")
+        except BaseException:
+            if write and c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+        finally:
+            c.close()
+
+    def _rows(self, names: list[str] | None) -> dict[str, sqlite3.Row]:
+        with self._db() as c:
+            rows = c.execute("SELECT * FROM hosts").fetchall()
+        out = {r["name"]: r for r in rows}
+        return out if names is None else {n: out[n] for n in names if n in out}
+
+    def _set(self, c: sqlite3.Connection, name: str, reason_for_event: str | None = None, **fields: Any) -> None:
+        row = c.execute("SELECT state, domain, operation FROM hosts WHERE name = ?", (name,)).fetchone()
+        if "state" in fields and (row is None or row["state"] != fields["state"]):
+            fields.setdefault("since", time.time())
+            c.execute("INSERT INTO events (at, host, domain, from_state, to_state, op, reason) VALUES (?,?,?,?,?,?,?)",
+                      (time.time(), name, self.domain_of[name], row["state"] if row else None, str(fields["state"]),
+                       fields.get("operation", row["operation"] if row else None), reason_for_event))
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        c.execute(f"UPDATE hosts SET {cols} WHERE name = ?", (*[_enc(v) for v in fields.values()], name))  # noqa: S608
+
+    def _known(self, names: list[str]) -> list[str]:
+        for n in names:
+            check_token(n)
+            if n not in self.domain_of:
+                raise FleetError(f"unknown host {n!r}")
+        return names
+
+    # ---- observing: first sight, version refresh, polling work in flight ------------------------
+    def _first_sight(self, names: list[str]) -> None:
+        known = self._rows(None)
+        new = [n for n in names if n not in known]
+        if not new:
+            return
+        found = self.runner.fan_out(new, self.runner.versions)
+        now = time.time()
+        with self._db(write=True) as c:
+            for n in new:
+                v = found[n]
+                state, reason = (HostState.SERVING, None) if not isinstance(v, BaseException) else (HostState.FAILED, f"unreachable: {v}")
+                c.execute("INSERT OR IGNORE INTO hosts (name, domain, sku, state, reason, versions, versions_at, since) "
+                          "VALUES (?,?,?,?,?,?,?,?)",
+                          (n, self.domain_of[n], self.sku_of[n], str(state), reason,
+                           json.dumps(v if isinstance(v, dict) else {}), now if isinstance(v, dict) else 0, now))
+                c.execute("INSERT INTO events (at, host, domain, from_state, to_state, op, reason) VALUES (?,?,?,?,?,?,?)",
+                          (now, n, self.domain_of[n], None, str(state), None, reason or "first sight"))
+
+    def _poll(self, rows: dict[str, sqlite3.Row]) -> None:
+        now = time.time()
+        ttl = self.ssh.versions_ttl_s
+        stale = [n for n, r in rows.items() if r["state"] == HostState.SERVING and now - r["versions_at"] > ttl]
+        upgrading = [n for n, r in rows.items() if r["state"] == HostState.UPGRADING]
+        checking = [n for n, r in rows.items() if r["state"] == HostState.CHECKING]
+        if not (stale or upgrading or checking):
+            return
+
+        def work(n: str) -> tuple[str, Any]:
+            st = rows[n]["state"]
+            if st == HostState.SERVING:
+                return "versions", self.runner.versions(n)
+            if st == HostState.UPGRADING:
+                return "upgrade", self._poll_upgrade(rows[n])
+            return "check", self._poll_check(rows[n])
+
+        results = self.runner.fan_out(stale + upgrading + checking, work)
+        with self._db(write=True) as c:
+            for n, res in results.items():
+                r = c.execute("SELECT * FROM hosts WHERE name = ?", (n,)).fetchone()
+                if r["state"] != rows[n]["state"] or r["operation"] != rows[n]["operation"]:
+                    continue  # someone else moved it on meanwhile
+                if isinstance(res, BaseException):
+                    self._on_poll_error(c, r, res, now)
+                    continue
+                kind, val = res
+                if kind == "versions":
+                    self._set(c, n, versions=val, versions_at=now)
+                elif kind == "upgrade" and val is not None:
+                    self._set(c, n, "upgrade " + val["status"], state=HostState.DRAINED, versions=val["versions"],
+                              versions_at=now, last_error=val.get("error"))
+                elif kind == "check" and val is not None:
+                    c.execute("INSERT OR REPLACE INTO checks (op, host, status, reason, versions, verdicts, at) "
+                              "VALUES (?,?,?,?,?,?,?)",
+                              (r["operation"], n, val["result"].status, val["result"].reason,
+                               json.dumps(val["result"].versions), json.dumps(val["verdicts"]), now))
+                    self._set(c, n, "check " + val["result"].status, state=HostState.DRAINED,
+                              versions=val["result"].versions, versions_at=now)
+
+    def _on_poll_error(self, c: sqlite3.Connection, r: sqlite3.Row, exc: BaseException, now: float) -> None:
+        """A host that stops answering mid-work (a reboot) is waited for, up to its time budget."""
+        log.warning("%s: poll failed: %s", r["name"], exc)
+        if r["state"] == HostState.UPGRADING:
+            steps = [Step.model_validate(s) for s in json.loads(r["steps"] or "[]")]
+            budget = sum(self.runner.components[s.component].timeout_s for s in steps) + self.grace_s
+            if now - r["since"] > budget:
+                self._set(c, r["name"], "upgrade lost", state=HostState.DRAINED,
+                          last_error=f"no answer from the host for {budget:.0f}s during the upgrade: {exc}")
+        elif r["state"] == HostState.CHECKING and now - r["since"] > self.ssh.checks.timeout_s + self.grace_s:
+            self._record_check(c, r["name"], r["operation"], CheckResult(
+                host=r["name"], status="failed", reason=f"health check lost: host not answering ({exc})"), [])
+
+    def _poll_upgrade(self, r: sqlite3.Row) -> dict | None:
+        name, op = r["name"], r["operation"]
+        st = self.runner.upgrade_state(name, op)
+        if st.status == "running":
+            return None
+        if st.status == "idle":  # never launched, or the driver died: launching again re-attaches
+            steps = [Step.model_validate(s) for s in json.loads(r["steps"] or "[]")]
+            self.runner.upgrade(name, steps, op)
+            return None
+        return {"status": st.status, "error": st.error, "versions": self.runner.versions(name)}
+
+    def _poll_check(self, r: sqlite3.Row) -> dict | None:
+        name, op = r["name"], r["operation"]
+        expected = json.loads(r["expected"] or "{}")
+        v = self.runner.verdicts(name, expected, op)
+        if isinstance(v, str):
+            if v in ("idle", "none"):
+                self.runner.start_check(name, expected, op)
+            return None
+        verdicts, versions = v
+        return {"result": result_of(name, verdicts, versions), "verdicts": [x.model_dump() for x in verdicts]}
+
+    def _record_check(self, c: sqlite3.Connection, host: str, op: str, res: CheckResult, verdicts: list) -> None:
+        c.execute("INSERT OR REPLACE INTO checks (op, host, status, reason, versions, verdicts, at) VALUES (?,?,?,?,?,?,?)",
+                  (op, host, res.status, res.reason, json.dumps(res.versions), json.dumps(verdicts), time.time()))
+        self._set(c, host, "check " + res.status, state=HostState.DRAINED)
+
+    # ---- the Fleet protocol ---------------------------------------------------------------------
+    def now(self) -> float:
+        return time.time()
+
+    def hosts(self, names: list[str] | None = None) -> list[Host]:
+        wanted = sorted(self.domain_of) if names is None else self._known(list(names))
+        if not wanted:
+            return []
+        self._first_sight(wanted)
+        self._poll(self._rows(wanted))
+        rows = self._rows(wanted)
+        return [Host(name=n, domain=r["domain"], sku=r["sku"], gpus=self.ssh.checks.gpus(r["sku"]),
+                     state=HostState(r["state"]), versions=json.loads(r["versions"]), operation=r["operation"],
+                     reason=r["reason"], last_error=r["last_error"]) for n in wanted if (r := rows.get(n)) is not None]
+
+    def jobs(self, hosts: list[str] | None = None) -> list[Job]:
+        return []  # plain hosts: no scheduler, no jobs to checkpoint
+
+    def request_checkpoint(self, job_ids: list[str]) -> float:
+        return self.now()
+
+    def drain(self, hosts: list[str], op: str) -> None:
+        self._first_sight(self._known(list(hosts)))
+        with self._db(write=True) as c:
+            for n in hosts:
+                r = c.execute("SELECT state, operation FROM hosts WHERE name = ?", (n,)).fetchone()
+                if r["state"] == HostState.SERVING:
+                    self._set(c, n, "drain", state=HostState.DRAINED, operation=op, last_error=None)
+                elif r["operation"] != op and r["state"] in MAINTENANCE_STATES:
+                    raise FleetError(f"{n} is held by operation {r['operation']!r}")
+
+    def upgrade(self, host: str, steps: list[Step], op: str) -> None:
+        self._known([host])
+        steps = self.runner._check_steps(steps)
+        r = self._rows([host]).get(host)
+        if r is None or r["operation"] != op or r["state"] not in (HostState.DRAINED, HostState.UPGRADING):
+            state = r["state"] if r else "unknown"
+            raise FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); drain it under {op!r} first")
+        if not steps:
+            return
+        with self._db(write=True) as c:
+            self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps], last_error=None)
+        try:
+            self.runner.upgrade(host, steps, op)
+        except RunnerError as exc:  # the next poll launches again; a host that never answers fails by its budget
+            log.warning("%s: upgrade launch failed, will retry on the next poll: %s", host, exc)
+
+    def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
+        self._known([host])
+        for c_, v in expected.items():
+            check_token(c_)
+            check_token(v)
+        done = self._check_row(op, host)
+        if done is not None:
+            return done
+        r = self._rows([host])[host]
+        if r["state"] == HostState.CHECKING and r["operation"] == op:
+            return CheckResult(host=host, status="pending")
+        if r["state"] != HostState.DRAINED or r["operation"] != op:
+            raise FleetError(f"{host} is {r['state']} (operation {r['operation']!r}); only a drained host is checked")
+        with self._db(write=True) as c:
+            self._set(c, host, "check", state=HostState.CHECKING, expected=dict(expected))
+        try:
+            self.runner.start_check(host, expected, op)
+        except RunnerError as exc:
+            log.warning("%s: check launch failed, will retry on the next poll: %s", host, exc)
+        return CheckResult(host=host, status="pending")
+
+    def _check_row(self, op: str, host: str) -> CheckResult | None:
+        with self._db() as c:
+            row = c.execute("SELECT * FROM checks WHERE op = ? AND host = ?", (op, host)).fetchone()
+        if row is None:
+            return None
+        return CheckResult(host=host, status=row["status"], reason=row["reason"], versions=json.loads(row["versions"]))
+
+    def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
+        self.hosts(list(hosts))  # polls the checks in flight
+        return [self._check_row(op, h) or CheckResult(host=h, status="pending") for h in hosts]
+
+    def check_evidence(self, host: str, op: str) -> list[dict]:
+        """The structured verdicts of the deep check (each with its evidence)."""
+        with self._db() as c:
+            row = c.execute("SELECT verdicts FROM checks WHERE op = ? AND host = ?", (op, host)).fetchone()
+        return json.loads(row["verdicts"]) if row else []
+
+    def return_to_service(self, hosts: list[str], op: str) -> None:
+        self._known(list(hosts))
+        with self._db(write=True) as c:
+            for n in hosts:
+                r = c.execute("SELECT state, operation FROM hosts WHERE name = ?", (n,)).fetchone()
+                if r["state"] == HostState.SERVING:
+                    continue
+                chk = c.execute("SELECT status FROM checks WHERE op = ? AND host = ?", (op, n)).fetchone()
+                if r["state"] != HostState.DRAINED or r["operation"] != op or chk is None or chk["status"] != "passed":
+                    raise FleetError(f"{n} cannot return: it is {r['state']} and has no passing check under {op!r}")
+                self._set(c, n, "return", state=HostState.SERVING, operation=None, last_error=None)
+
+    def offboard(self, host: str, reason: str, op: str) -> None:
+        self._known([host])
+        with self._db(write=True) as c:
+            self._set(c, host, reason[:1000], state=HostState.REPAIR, operation=op, reason=reason[:1000])
+
+    def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
+        self._known(list(hosts))
+        with self._db(write=True) as c:
+            for n in hosts:
+                r = c.execute("SELECT operation FROM hosts WHERE name = ?", (n,)).fetchone()
+                if r is not None and r["operation"] == from_op:
+                    self._set(c, n, operation=to_op)
+
+    def capacity(self) -> Capacity:
+        self._first_sight(sorted(self.domain_of))
+        rows = self._rows(None)
+        by_state: dict[str, int] = {}
+        out: set[str] = set()
+        for r in rows.values():
+            by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+            if r["state"] in MAINTENANCE_STATES:
+                out.add(r["domain"])
+        return Capacity(now=self.now(), total_hosts=len(rows), serving_hosts=by_state.get(HostState.SERVING, 0),
+                        by_state=by_state, domains_out=sorted(out))
+
+    # ---- audit -----------------------------------------------------------------------------------
+    def events(self) -> list[dict]:
+        with self._db() as c:
+            return [dict(r) for r in c.execute("SELECT * FROM events ORDER BY id")]
+
+    def max_domains_out(self) -> int:
+        """The most domains with a host out for maintenance at any instant, replayed from the events."""
+        state: dict[str, str] = {}
+        worst = 0
+        for e in self.events():
+            state[e["host"]] = e["to_state"]
+            out = {self.domain_of[h] for h, s in state.items() if s in MAINTENANCE_STATES}
+            worst = max(worst, len(out))
+        return worst
+
+
+def _enc(v: Any) -> Any:
+    if isinstance(v, dict | list):
+        return json.dumps(v)
+    if isinstance(v, HostState):
+        return str(v)
+    return v
+
+
+__all__ = ["SshFleet", "default_state_db"]

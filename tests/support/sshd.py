@@ -1,0 +1,196 @@
+"""Real `sshd` test hosts on loopback: one server per host, each with its own host key, port,
+state directory and stand-in GPU tools (`tests/support/standins/`) on the PATH its sshd sets.
+
+Used by the SSH adapter tests, the SSH train under `dag.test()` and `bench/bench_ssh.py`.
+Every command a host receives is appended to `<state>/commands.log` (the sshd's ForceCommand),
+so a test can prove that nothing ran.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+SSHD = "/usr/sbin/sshd"
+INITIAL_VERSIONS = {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
+PROFILES = ("healthy", "ecc", "missing_gpu", "slow_nvlink", "xid79", "dcgm_pcie", "install_fail", "install_hang")
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
+
+
+@dataclass
+class SshdHost:
+    name: str
+    port: int
+    dir: Path
+    profile: str = "healthy"
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.dir / "work"
+
+    def read(self, name: str) -> str:
+        p = self.state / name
+        return p.read_text() if p.exists() else ""
+
+    def installs(self) -> list[str]:
+        return [ln for ln in self.read("installs.log").splitlines() if ln.strip()]
+
+    def commands(self) -> int:
+        return self.read("commands.log").count("\n----\n")
+
+    def version(self, component: str) -> str:
+        return self.read(f"versions/{component}").strip()
+
+
+class SshdFarm:
+    """N sshd servers on 127.0.0.1, one per host; `start()` returns once every one answers."""
+
+    def __init__(self, root: Path, names: list[str], profiles: dict[str, str] | None = None):
+        self.root = root
+        self.user = getpass.getuser()
+        self.client_key = root / "client_key"
+        self.known_hosts = root / "known_hosts"
+        ports = free_ports(len(names))
+        self.hosts = {n: SshdHost(n, p, root / "hosts" / n, (profiles or {}).get(n, "healthy"))
+                      for n, p in zip(names, ports, strict=True)}
+
+    def __getitem__(self, name: str) -> SshdHost:
+        return self.hosts[name]
+
+    def start(self, timeout: float = 30.0) -> SshdFarm:
+        if not os.access(SSHD, os.X_OK):
+            raise RuntimeError(f"{SSHD} is missing: apt-get install openssh-server (.ci/run does)")
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.client_key.exists():
+            _keygen(self.client_key)
+        (self.root / "authorized_keys").write_text((self.root / "client_key.pub").read_text())
+        for h in self.hosts.values():
+            self._prepare(h)
+        for h in self.hosts.values():
+            self._spawn(h)
+        self.write_known_hosts()
+        self.wait_ready(timeout)
+        return self
+
+    def _prepare(self, h: SshdHost) -> None:
+        (h.state / "versions").mkdir(parents=True, exist_ok=True)
+        h.work_dir.mkdir(parents=True, exist_ok=True)
+        (h.state / "profile").write_text(h.profile + "\n")
+        for comp, ver in INITIAL_VERSIONS.items():
+            (h.state / "versions" / comp).write_text(ver + "\n")
+        key = h.dir / "host_key"
+        if not key.exists():
+            _keygen(key)
+        path = f"{STANDINS}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        (h.dir / "sshd_config").write_text("\n".join([
+            f"Port {h.port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {key}",
+            f"PidFile {h.dir}/sshd.pid",
+            f"AuthorizedKeysFile {self.root}/authorized_keys",
+            "UsePAM no",
+            "StrictModes no",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "MaxStartups 256:30:512",
+            "MaxSessions 64",
+            "LogLevel ERROR",
+            f"SetEnv RAILYARD_HOST_STATE={h.state} PATH={path}",
+            f"ForceCommand {STANDINS}/railyard-session",
+            "",
+        ]))
+
+    def _spawn(self, h: SshdHost) -> None:
+        h.proc = subprocess.Popen([SSHD, "-D", "-f", str(h.dir / "sshd_config"), "-E", str(h.dir / "sshd.log")],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def write_known_hosts(self) -> None:
+        lines = []
+        for h in self.hosts.values():
+            kind, blob = (h.dir / "host_key.pub").read_text().split()[:2]
+            lines.append(f"[127.0.0.1]:{h.port} {kind} {blob}")
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for h in self.hosts.values():
+            while True:
+                if h.proc is not None and h.proc.poll() is not None:
+                    raise RuntimeError(f"sshd for {h.name} exited: {(h.dir / 'sshd.log').read_text(errors='replace')}")
+                try:
+                    with socket.create_connection(("127.0.0.1", h.port), timeout=1) as s:
+                        if s.recv(4).startswith(b"SSH-"):
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd for {h.name} not answering on port {h.port}")
+                time.sleep(0.02)
+
+    def rekey(self, name: str) -> None:
+        """The host comes back with a new host key (reinstalled, or someone in the middle)."""
+        h = self.hosts[name]
+        self._kill(h)
+        for f in ("host_key", "host_key.pub"):
+            (h.dir / f).unlink(missing_ok=True)
+        _keygen(h.dir / "host_key")
+        self._spawn(h)
+        self.wait_ready(10)
+
+    def _kill(self, h: SshdHost) -> None:
+        if h.proc is not None and h.proc.poll() is None:
+            h.proc.send_signal(signal.SIGTERM)
+            try:
+                h.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                h.proc.kill()
+                h.proc.wait(timeout=5)
+        h.proc = None
+
+    def stop(self) -> None:
+        for h in self.hosts.values():
+            self._kill(h)
+
+    def reset(self, name: str, profile: str | None = None) -> None:
+        """Fresh state for a host: initial versions, no logs, empty work dir."""
+        h = self.hosts[name]
+        if profile is not None:
+            h.profile = profile
+        shutil.rmtree(h.state, ignore_errors=True)
+        shutil.rmtree(h.work_dir, ignore_errors=True)
+        self._prepare(h)
+
+    def ssh_hosts_config(self) -> dict:
+        """`fleet.ssh.hosts` for these servers: each host on its port, with its own work dir."""
+        return {n: {"address": "127.0.0.1", "port": h.port, "work_dir": str(h.work_dir)} for n, h in self.hosts.items()}

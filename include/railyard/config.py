@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from railyard.models import Strict, Token, check_token
@@ -87,12 +89,97 @@ class DomainSpec(Strict):
         return v
 
 
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HHMM_RE = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$|^24:00$")
+
+
+def _check_tz(v: str) -> str:
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {v!r} (an IANA name such as 'UTC' or 'Europe/Paris')") from None
+    return v
+
+
+class WindowSpec(Strict):
+    """When a train may start a stop: the days a window opens, from `start` to `end` local time.
+
+    An `end` at or before `start` closes the next day (a night window, e.g. 22:00-04:00).
+    """
+
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] = Field(default_factory=lambda: list(DAYS))
+    start: str = "00:00"
+    end: str = "24:00"
+    timezone: str = "UTC"
+
+    @field_validator("start", "end")
+    @classmethod
+    def _hhmm(cls, v: str) -> str:
+        if not _HHMM_RE.match(v):
+            raise ValueError(f"{v!r} is not a time of day HH:MM")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return _check_tz(v)
+
+    @field_validator("days")
+    @classmethod
+    def _some_days(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("a window needs at least one day")
+        return v
+
+
+class FreezeSpec(Strict):
+    """Dates on which no train starts a stop (change freezes); `railyard freeze on` adds a switch."""
+
+    dates: list[date] = Field(default_factory=list)
+    timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        return _check_tz(v)
+
+
+class EstimatesSpec(Strict):
+    """Expected fleet seconds of each part of a stop, for windows and plans (installs: per component)."""
+
+    checkpoint_s: float = Field(default=60, ge=0)
+    drain_s: float = Field(default=120, ge=0)
+    reboot_s: float = Field(default=180, ge=0)
+    check_s: float = Field(default=300, ge=0)
+    return_s: float = Field(default=30, ge=0)
+
+
+class EscalationSpec(Strict):
+    """Where a train that stops by itself, or a domain overdue for its cycle, is escalated."""
+
+    webhook_url: str | None = Field(default=None, description="POSTed a JSON event; also RAILYARD_WEBHOOK_URL")
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s]+$", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
 class TrainSpec(Strict):
     id: Token
     schedule: str | None = Field(default=None, description="cron expression or preset; none = manual only")
     releases: list[Token] = Field(min_length=1)
     domains: list[Token] | None = Field(default=None, description="visit order; default: every domain")
     description: str = ""
+    window: WindowSpec | None = Field(default=None, description="when stops may start; default: any time")
+    cycle_days: float | None = Field(default=None, gt=0, description="every domain visited at least this often")
+    max_failure_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="the train halts when more of a run's hosts than this fail"
+    )
+    max_dodges: int = Field(default=1, ge=0, description="domains a run may postpone for dodging jobs")
+    max_dodge_s: float = Field(default=6 * 3600, ge=0, description="how long (fleet s) a job may postpone a stop")
 
 
 class BufferSpec(Strict):
@@ -111,9 +198,18 @@ class BufferSpec(Strict):
         return self.hosts if self.hosts is not None else int(self.fraction * total_hosts)  # type: ignore[operator]
 
 
-class BuffersSpec(Strict):
+class PoolBuffersSpec(Strict):
     maintenance: BufferSpec
     failure: BufferSpec
+
+
+class BuffersSpec(PoolBuffersSpec):
+    """Applied to each capacity pool (the hosts of one SKU); `by_sku` overrides a pool's buffers."""
+
+    by_sku: dict[Token, PoolBuffersSpec] = Field(default_factory=dict)
+
+    def for_sku(self, sku: str) -> PoolBuffersSpec:
+        return self.by_sku.get(sku, self)
 
 
 class TimeoutsSpec(Strict):
@@ -152,6 +248,7 @@ class SimulatorSpec(Strict):
 
     port: int = Field(default=8765, ge=1, le=65535)
     speed: float = Field(default=60, gt=0)
+    start_at: datetime | None = Field(default=None, description="fleet clock at first start; default: now")
     seed: int = 1
     initial_versions: dict[Token, Token] = Field(default_factory=dict)
     gpus_per_host: int = Field(default=8, ge=1)
@@ -178,6 +275,9 @@ class RailyardConfig(Strict):
     fleet: FleetSpec = FleetSpec()
     ledger: LedgerSpec = LedgerSpec()
     simulator: SimulatorSpec = SimulatorSpec()
+    freeze: FreezeSpec = FreezeSpec()
+    estimates: EstimatesSpec = EstimatesSpec()
+    escalation: EscalationSpec = EscalationSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:
@@ -234,14 +334,22 @@ class RailyardConfig(Strict):
             if t.domains is not None and len(set(t.domains)) != len(t.domains):
                 problems.append(f"trains[{i}].domains: a domain is listed twice ({t.domains!r})")
 
-        total = sum(len(d.hosts) for d in self.domains)
-        maint = self.buffers.maintenance.host_count(total)
-        largest = max(self.domains, key=lambda d: len(d.hosts))
-        if maint < len(largest.hosts):
-            problems.append(
-                f"buffers.maintenance: {maint} hosts is smaller than domain {largest.name!r} "
-                f"({len(largest.hosts)} hosts); one domain must fit in the maintenance buffer"
-            )
+        skus = {d.sku for d in self.domains}
+        for sku in sorted(self.buffers.by_sku):
+            if sku not in skus:
+                problems.append(f"buffers.by_sku: unknown SKU {sku!r} (domains have {', '.join(sorted(skus))})")
+        for sku in sorted(skus):
+            pool = [d for d in self.domains if d.sku == sku]
+            total = sum(len(d.hosts) for d in pool)
+            maint = self.buffers.for_sku(sku).maintenance.host_count(total)
+            largest = max(pool, key=lambda d: len(d.hosts))
+            where = f"buffers.by_sku.{sku}.maintenance" if sku in self.buffers.by_sku else "buffers.maintenance"
+            if maint < len(largest.hosts):
+                problems.append(
+                    f"{where}: {maint} hosts is smaller than domain {largest.name!r} "
+                    f"({len(largest.hosts)} hosts); one domain must fit in the maintenance buffer"
+                    + (f" of pool {sku!r}" if len(skus) > 1 else "")
+                )
         if problems:
             raise ValueError("\n".join(problems))
         return self

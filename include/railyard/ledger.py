@@ -55,6 +55,7 @@ leases = Table(
     Column("op_id", String(255), nullable=False, index=True),
     Column("domain", String(128), nullable=False),
     Column("since", Float, nullable=False),
+    Column("kind", String(32), nullable=False, default="train_stop"),  # repairs are not domains out
 )
 
 verifications = Table(
@@ -78,6 +79,25 @@ audit = Table(
     Column("action", String(64), nullable=False),
     Column("hosts", Text, nullable=False, default="[]"),
     Column("reason", Text, nullable=False, default=""),
+)
+
+switches = Table(
+    "switches",
+    metadata,
+    Column("name", String(64), primary_key=True),  # e.g. freeze
+    Column("value", Integer, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("actor", String(255), nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+visits = Table(
+    "visits",
+    metadata,
+    Column("train", String(128), primary_key=True),
+    Column("domain", String(128), primary_key=True),
+    Column("at", Float, nullable=False),  # fleet clock
+    Column("op_id", String(255), nullable=False),
 )
 
 # One row, bumped first in every lease-changing transaction: serialises writers on SQLite and
@@ -133,17 +153,21 @@ class Ledger:
         domain: str,
         hosts: list[str],
         budget: Budget,
+        pool_hosts: Iterable[str] | None = None,
         unavailable: Iterable[str] = (),
         actor: str = "railyard",
         kind: str = "train_stop",
     ) -> Decision:
         """Lease every host of `domain` to `op_id`, or say why not.
 
+        `budget` is the capacity pool's (the hosts of one SKU, `pool_hosts`; None = the whole fleet).
         `unavailable` are hosts the fleet reports out of service for reasons of its own (failed,
-        in repair): they count against the budget whether or not any operation holds them.
+        in repair): they count against the failure buffer, as do hosts leased to repairs.
         Idempotent: an operation that already holds the domain is granted again.
         """
         want = sorted(set(hosts))
+        pool = set(pool_hosts) if pool_hosts is not None else None
+        in_pool = (lambda h: True) if pool is None else (lambda h: h in pool)  # noqa: E731
         with self.engine.begin() as c:
             _lock(c)
             held = {r.host: r for r in c.execute(select(leases))}
@@ -151,33 +175,36 @@ class Ledger:
             if len(mine) == len(want):
                 return Decision("granted", f"{op_id} already holds {domain}")
             others = {h: held[h].op_id for h in want if h in held and held[h].op_id != op_id}
-            if others:
-                holders = sorted(set(others.values()))
-                return Decision("wait", f"{len(others)} host(s) of {domain} held by {', '.join(holders)}")
+            repairing = {h for h, r in held.items() if r.kind == "repair"}
+            if set(others) - repairing:
+                holders = sorted({others[h] for h in set(others) - repairing})
+                return Decision("wait", f"{len(set(others) - repairing)} host(s) of {domain} held by {', '.join(holders)}")
 
-            domains_out = {r.domain for r in held.values()}
+            maint = {h: r for h, r in held.items() if r.kind != "repair"}
+            domains_out = {r.domain for r in maint.values()}
             if len(domains_out | {domain}) > budget.max_domains_down:
                 return Decision(
                     "wait",
                     f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out",
                 )
-            broken = set(unavailable) - set(held)
+            # Hosts the fleet reports broken and hosts in repair count against the failure buffer.
+            broken = {h for h in (set(unavailable) - set(maint)) | repairing if in_pool(h)}
+            pool_held = [h for h in maint if in_pool(h)]
             if len(broken) > budget.failure_hosts:
                 return Decision(
                     "stop",
-                    f"failure buffer exhausted: {len(broken)} hosts broken > budget {budget.failure_hosts}",
+                    f"failure buffer exhausted: {len(broken)} hosts broken or in repair > budget {budget.failure_hosts}",
                 )
             # Broken hosts inside the domain are not taken again, but still count once.
             taking = [h for h in want if h not in broken]
-            maint_after = len(held) + len(taking)
-            if maint_after > budget.maintenance_hosts:
+            if len(pool_held) + len(taking) > budget.maintenance_hosts:
                 return Decision(
                     "wait",
-                    f"maintenance buffer: {len(held)} hosts out + {len(taking)} of {domain} "
+                    f"maintenance buffer: {len(pool_held)} hosts out + {len(taking)} of {domain} "
                     f"> budget {budget.maintenance_hosts}",
                 )
             floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
-            serving_after = budget.total_hosts - len(held) - len(broken) - len(taking)
+            serving_after = budget.total_hosts - len(pool_held) - len(broken) - len(taking)
             if serving_after < floor:
                 return Decision("wait", f"serving would drop to {serving_after} < floor {floor}")
 
@@ -189,7 +216,12 @@ class Ledger:
                         created_at=now, updated_at=now, detail="{}",
                     )
                 )
-            c.execute(insert(leases), [{"host": h, "op_id": op_id, "domain": domain, "since": now} for h in taking])
+            else:
+                c.execute(update(operations).where(operations.c.id == op_id).values(state="active", updated_at=now))
+            c.execute(
+                insert(leases),
+                [{"host": h, "op_id": op_id, "domain": domain, "since": now, "kind": kind} for h in taking],
+            )
             _audit(c, actor, op_id, "lease", taking, f"took {domain} for {train}")
             return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
 
@@ -210,6 +242,110 @@ class Ledger:
                     .values(state="done", updated_at=time.time())
                 )
             return drop
+
+    def handover(self, hosts: Iterable[str], from_op: str, to_op: str, *, kind: str, reason: str,
+                 actor: str = "railyard", detail: dict | None = None, domain: str | None = None) -> list[str]:
+        """Pass leases from one operation to another without releasing them in between."""
+        moved: list[str] = []
+        with self.engine.begin() as c:
+            _lock(c)
+            now = time.time()
+            if c.execute(select(operations.c.id).where(operations.c.id == to_op)).first() is None:
+                c.execute(
+                    insert(operations).values(
+                        id=to_op, kind=kind, train=None, domain=domain, state="active", created_at=now,
+                        updated_at=now, detail=json.dumps(detail or {}),
+                    )
+                )
+            for h in sorted(set(hosts)):
+                r = c.execute(select(leases).where(leases.c.host == h)).first()
+                if r is not None and r.op_id == from_op:
+                    c.execute(update(leases).where(leases.c.host == h).values(op_id=to_op, kind=kind, since=now))
+                    moved.append(h)
+            if moved:
+                _audit(c, actor, to_op, "handover", moved, f"from {from_op}: {reason}")
+            left = c.execute(select(func.count()).select_from(leases).where(leases.c.op_id == from_op)).scalar_one()
+            if moved and left == 0:
+                c.execute(update(operations).where(operations.c.id == from_op).values(state="done", updated_at=now))
+        return moved
+
+    def operations_like(self, prefix: str, state: str | None = None) -> list[dict]:
+        q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(operations.c.created_at)
+        if state is not None:
+            q = q.where(operations.c.state == state)
+        with self.engine.connect() as c:
+            return [dict(r._mapping) | {"detail": json.loads(r.detail or "{}")} for r in c.execute(q)]
+
+    def record_dodge(self, op_id: str, *, train: str, domain: str, until: float, jobs: list[str]) -> bool:
+        """Note that a domain's stop is postponed in this run; False if the op already exists."""
+        with self.engine.begin() as c:
+            _lock(c)
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is not None:
+                return False
+            now = time.time()
+            c.execute(
+                insert(operations).values(
+                    id=op_id, kind="train_stop", train=train, domain=domain, state="dodged", created_at=now,
+                    updated_at=now, detail=json.dumps({"dodge_until": until, "jobs": jobs}),
+                )
+            )
+            _audit(c, "railyard", op_id, "dodge", [], f"{domain} postponed for {', '.join(jobs)} until {until:.0f}")
+            return True
+
+    def claim_dodged(self, prefix: str, slot: str) -> dict | None:
+        """The dodged stop of this run that `slot` revisits (the same one on every retry)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(
+                operations.c.created_at
+            )
+            rows = [r for r in c.execute(q)]
+            for r in rows:
+                if json.loads(r.detail or "{}").get("slot") == slot:
+                    return dict(r._mapping) | {"detail": json.loads(r.detail or "{}")}
+            for r in rows:
+                d = json.loads(r.detail or "{}")
+                if r.state == "dodged" and "slot" not in d:
+                    d["slot"] = slot
+                    c.execute(update(operations).where(operations.c.id == r.id).values(detail=json.dumps(d)))
+                    return dict(r._mapping) | {"detail": d}
+        return None
+
+    # ---- switches and visits -------------------------------------------------------------------
+    def set_switch(self, name: str, on: bool, *, reason: str, actor: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(switches.delete().where(switches.c.name == name))
+            c.execute(insert(switches).values(name=name, value=int(on), reason=reason, actor=actor, at=time.time()))
+            _audit(c, actor, None, f"{name}_{'on' if on else 'off'}", [], reason)
+
+    def switch(self, name: str) -> dict | None:
+        """The switch's state when on, else None."""
+        with self.engine.connect() as c:
+            r = c.execute(select(switches).where(switches.c.name == name)).first()
+        return dict(r._mapping) if r is not None and r.value else None
+
+    def record_visit(self, train: str, domain: str, at: float, op_id: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(visits.delete().where(visits.c.train == train, visits.c.domain == domain))
+            c.execute(insert(visits).values(train=train, domain=domain, at=at, op_id=op_id))
+
+    def last_visits(self, train: str) -> dict[str, float]:
+        with self.engine.connect() as c:
+            return {r.domain: r.at for r in c.execute(select(visits).where(visits.c.train == train))}
+
+    def run_failures(self, prefix: str) -> tuple[int, int, list[str]]:
+        """(hosts leased, hosts offboarded, reasons) over every operation of one run."""
+        like = audit.c.op_id.startswith(prefix, autoescape=True)
+        with self.engine.connect() as c:
+            leased: set[str] = set()
+            failed: dict[str, str] = {}
+            for r in c.execute(select(audit).where(like, audit.c.action.in_(("lease", "offboard")))):
+                hosts = json.loads(r.hosts)
+                if r.action == "lease":
+                    leased.update(hosts)
+                else:
+                    failed.update({h: r.reason for h in hosts})
+        return len(leased), len(failed), [f"{h}: {why}" for h, why in sorted(failed.items())]
 
     # ---- records -----------------------------------------------------------------------------
     def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str], reason: str | None) -> None:

@@ -69,6 +69,7 @@ class Job(Strict):
     last_checkpoint: float  # fleet clock, seconds
     checkpoint_requested_at: float | None = None
     checkpoint_interval: float
+    dodge_until: float | None = None  # asks that its hosts not be taken before this fleet time
 
 
 class Step(Strict):

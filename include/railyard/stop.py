@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from railyard import windows
 from railyard.config import DomainSpec, RailyardConfig, TrainSpec
 from railyard.fleet.port import Fleet
 from railyard.ledger import Budget, Decision, Ledger
@@ -29,14 +30,40 @@ def op_id_for(train_id: str, run_id: str, domain: str) -> str:
     return f"{train_id}/{run_id}/{domain}"
 
 
-def budget_for(config: RailyardConfig) -> Budget:
-    total = config.total_hosts
+def pool_hosts(config: RailyardConfig, sku: str) -> list[str]:
+    """The capacity pool: every host of one SKU."""
+    return [h for d in config.domains if d.sku == sku for h in d.hosts]
+
+
+def budget_for(config: RailyardConfig, sku: str | None = None) -> Budget:
+    """The buffers of one SKU's pool, in hosts (the whole fleet when it has one SKU)."""
+    skus = {d.sku for d in config.domains}
+    sku = sku if sku is not None else next(iter(skus)) if len(skus) == 1 else None
+    if sku is None:
+        raise ValueError("a fleet with several SKUs has one budget per SKU: name the SKU")
+    total = len(pool_hosts(config, sku))
+    spec = config.buffers.for_sku(sku)
     return Budget(
         total_hosts=total,
-        maintenance_hosts=config.buffers.maintenance.host_count(total),
-        failure_hosts=config.buffers.failure.host_count(total),
+        maintenance_hosts=spec.maintenance.host_count(total),
+        failure_hosts=spec.failure.host_count(total),
         max_domains_down=config.max_domains_down,
     )
+
+
+def stop_estimate_s(config: RailyardConfig, targets: dict[str, str], hosts: list[Host]) -> float:
+    """Fleet seconds a stop should take: checkpoint, drain, the installs it needs, reboot, check, return."""
+    e = config.estimates
+    needed = {s.component for h in hosts for s in pending_steps(targets, h)}
+    comps = [config.component(c) for c in needed]
+    installs = sum(c.duration_s for c in comps)
+    reboot = e.reboot_s if any(c.reboot for c in comps) else 0.0
+    return e.checkpoint_s + e.drain_s + installs + reboot + e.check_s + e.return_s
+
+
+def run_prefix(op_id: str) -> str:
+    """`train/run_id/` of an operation id: what all stops of one run share."""
+    return op_id.rsplit("/", 1)[0] + "/"
 
 
 def pending_steps(targets: dict[str, str], host: Host) -> list[Step]:
@@ -56,6 +83,7 @@ class Stop:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     say: Callable[[str], None] = field(default=log.info)
+    revisit: bool = False  # a slot that comes back for a domain postponed by a dodge
 
     @property
     def targets(self) -> dict[str, str]:
@@ -69,8 +97,13 @@ class Stop:
         return sorted(self.ledger.holdings(self.op_id))
 
     def _require_lease(self) -> list[str]:
+        """The hosts this operation holds; refuses when it never got the domain.
+
+        An operation whose every host went to repair holds nothing, legitimately: [].
+        """
         held = self.held()
-        if not held:
+        op = self.ledger.operation(self.op_id)
+        if not held and not (op is not None and op["state"] in ("active", "done")):
             raise StopError(
                 f"{self.op_id} holds no lease on {self.domain.name}: refusing to touch its hosts "
                 "(the capacity wait must grant the domain first)"
@@ -93,18 +126,69 @@ class Stop:
 
     # ---- 1. capacity ---------------------------------------------------------------------------
     def take(self) -> Decision:
-        """Lease the domain if the buffers allow; `skip` when no host in it needs anything."""
+        """Lease the domain when freezes, windows, dodges and the buffers all allow it.
+
+        Outcomes: granted; skip (nothing to do); dodge (postponed to a revisit at the end of the run);
+        wait (with the reason and, for windows, when the next one opens); stop (the train must halt).
+        """
         if self.held():
             return Decision("granted", f"{self.op_id} already holds {self.domain.name}")
+        now = self.fleet.now()
+        switch = self.ledger.switch("freeze")
+        if switch is not None:
+            return Decision("wait", f"freeze switched on by {switch['actor']}: {switch['reason']}")
+        if windows.frozen(self.config.freeze, now):
+            return Decision("wait", f"freeze date {windows.iso(now)[:10]} in force")
         fleet_hosts = self.fleet.hosts()
         mine = [h for h in fleet_hosts if h.domain == self.domain.name]
-        if not any(pending_steps(self.targets, h) for h in mine if h.state not in BROKEN_STATES):
+        workable = [h for h in mine if h.state not in BROKEN_STATES]
+        if not any(pending_steps(self.targets, h) for h in workable):
+            self.ledger.record_visit(self.train.id, self.domain.name, now, self.op_id)
             return Decision("skip", f"every host of {self.domain.name} is already at target")
+        dodge = self._dodge(now)
+        if dodge is not None:
+            return dodge
+        need = stop_estimate_s(self.config, self.targets, workable)
+        ok, next_open = windows.fits(self.train.window, now, need)
+        if not ok:
+            when = f"; next window that fits opens {windows.iso(next_open)}" if next_open else ""
+            return Decision(
+                "wait",
+                f"a stop of ~{need / 60:.0f} min does not fit in the window "
+                f"({windows.describe(self.train.window)}) at {windows.iso(now)}{when}",  # type: ignore[arg-type]
+            )
         unavailable = [h.name for h in fleet_hosts if h.state in BROKEN_STATES]
         return self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=list(self.domain.hosts),
-            budget=budget_for(self.config), unavailable=unavailable, actor=self.actor,
+            budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
+            unavailable=unavailable, actor=self.actor,
         )
+
+    def _dodge(self, now: float) -> Decision | None:
+        """A job on the domain asked to be left alone until a deadline: postpone, within bounds."""
+        if self.revisit:
+            op = self.ledger.operation(self.op_id)
+            until = float(self.ledger.detail(self.op_id).get("dodge_until", 0)) if op else 0.0
+            if now < until:
+                return Decision("wait", f"{self.domain.name} dodged until {windows.iso(until)}")
+            return None
+        dodgers = [j for j in self.fleet.jobs(list(self.domain.hosts)) if j.dodge_until and j.dodge_until > now]
+        if not dodgers:
+            return None
+        until = max(j.dodge_until for j in dodgers)  # type: ignore[type-var]
+        names = [j.id for j in dodgers]
+        dodged = self.ledger.operations_like(run_prefix(self.op_id), state="dodged")
+        if until - now > self.train.max_dodge_s:
+            why = f"beyond max_dodge_s={self.train.max_dodge_s:.0f}s"
+        elif len(dodged) >= self.train.max_dodges:
+            why = f"this run already postponed max_dodges={self.train.max_dodges} domain(s)"
+        else:
+            self.ledger.record_dodge(self.op_id, train=self.train.id, domain=self.domain.name, until=until, jobs=names)
+            return Decision("dodge", f"{', '.join(names)} dodge {self.domain.name} until {windows.iso(until)}: "
+                                     "visited again at the end of the run")
+        self.ledger.note(self.op_id, "dodge_refused", [], f"{', '.join(names)} asked until {windows.iso(until)}: {why}")
+        self.say(f"{self.domain.name}: dodge by {', '.join(names)} refused ({why})")
+        return None
 
     # ---- 2. checkpoints ------------------------------------------------------------------------
     def request_checkpoints(self) -> tuple[list[str], float]:
@@ -189,7 +273,18 @@ class Stop:
             if not ok:
                 self.offboard(r.host, f"health check failed: {r.reason or 'versions not at target'}")
                 failed.append(r.host)
+        self.halt_if_failing()
         return {"checked": len(todo), "passed": len(todo) - len(failed), "offboarded": failed}
+
+    def halt_if_failing(self) -> None:
+        """Stop the train when too many of this run's hosts failed: the release is not safe."""
+        leased, failed, reasons = self.ledger.run_failures(run_prefix(self.op_id))
+        if leased and failed / leased > self.train.max_failure_fraction:
+            raise StopError(
+                f"train halted: {failed} of {leased} hosts failed in this run "
+                f"({failed / leased:.0%} > max_failure_fraction {self.train.max_failure_fraction:.0%}); "
+                f"first: {reasons[0]}"
+            )
 
     def verified(self, host: Host) -> bool:
         """A passing check recorded for this op, and the host still at the versions it saw."""
@@ -207,8 +302,10 @@ class Stop:
         checked (a crash, a cleared task) is checked here first; one that cannot pass goes to repair.
         """
         held = self.held()
-        if not held:
-            return {"returned": 0, "offboarded": [], "note": "nothing held"}
+        if not held:  # never taken, already returned, or every host went to repair
+            if self.ledger.operation(self.op_id) is not None:
+                self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
+            return {"returned": 0, "offboarded": self.offboarded()}
 
         def settled() -> tuple[bool, str]:
             busy = [h.name for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)]
@@ -243,17 +340,28 @@ class Stop:
             return ok == len(back), f"returned {ok}/{len(back)}"
 
         self._wait("return", self.timeouts.return_s, probe)
-        final = self.fleet.hosts(held)
+        final = self.fleet.hosts(self.held())
         out = [h.name for h in final if h.state not in (HostState.SERVING, *BROKEN_STATES)]
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
-        repaired = sorted(h.name for h in final if h.state in BROKEN_STATES)
+        repaired = self.offboarded()
         self.ledger.release(self.op_id, actor=self.actor, reason=f"returned {len(back)}, to repair {len(repaired)}")
+        self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}
 
+    def offboarded(self) -> list[str]:
+        return sorted({h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "offboard" for h in r["hosts"]})
+
     def offboard(self, host: str, reason: str) -> None:
+        """Hand the host to a repair operation: it stays out, counts against the failure buffer,
+        carries its evidence, and comes back only through the health gate."""
+        repair_op = f"repair/{host}/{self.op_id}"
         self.fleet.offboard(host, reason, self.op_id)
         self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
+        self.ledger.handover([host], self.op_id, repair_op, kind="repair", reason=reason, actor=self.actor,
+                             domain=self.domain.name, detail={"reason": reason, "targets": self.targets,
+                                                              "from": self.op_id})
+        self.fleet.handover([host], self.op_id, repair_op)
         self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
 
 

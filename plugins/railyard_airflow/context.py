@@ -20,17 +20,27 @@ def ledger(url: str | None) -> Ledger:
     return Ledger(url)
 
 
-def make_stop(*, train_id: str, domain: str, run_id: str, fleet: Fleet, say, ledger_url: str | None = None,
-              path: str | None = None) -> Stop:
+def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, say, ledger_url: str | None = None,
+              path: str | None = None, slot: str | None = None) -> Stop | None:
+    """The Stop of one task. A revisit `slot` has no domain of its own: it takes the run's next
+    dodged domain (the same one on every retry), or returns None when there is none."""
     cfg = config(path or str(config_path()))
     train = cfg.train(train_id)
+    led = ledger(ledger_url or cfg.ledger.url)
+    if slot is not None:
+        claimed = led.claim_dodged(f"{op_id_for(train_id, run_id, '')}", slot)
+        if claimed is None:
+            return None
+        domain = claimed["domain"]
+    assert domain is not None
     return Stop(
         config=cfg,
         train=train,
         domain=cfg.domain(domain),
         op_id=op_id_for(train_id, run_id, domain),
         fleet=fleet,
-        ledger=ledger(ledger_url or cfg.ledger.url),
+        ledger=led,
         actor=f"train:{train_id}",
         say=say,
+        revisit=slot is not None,
     )

@@ -1,10 +1,15 @@
 """Builds one Airflow DAG per train in the config: one TaskGroup per domain stop, in visit order.
 
+    cycle_report >> [stop per domain] >> [revisit_1 .. revisit_K]
+
+and inside every stop:
+
     wait_capacity >> wait_checkpoints >> drain >> upgrade >> health_check >> return_to_service
 
 `return_to_service` is the stop's teardown: it runs whatever failed before it, so no host is
 left drained, and it is the only step that releases the domain lease. The next stop starts after
-the previous one's check and return; it also starts when the previous stop was skipped.
+the previous one's check and return, or when the previous one was skipped or dodged. The revisit
+groups take, at run time, the domains that a job's dodge postponed (`max_dodges` of them).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, TaskGroup, TriggerRule, get_parsing_context
 
 from railyard.config import RailyardConfig, config_path, load_config
+from railyard_airflow.notifiers.escalation import EscalationNotifier
+from railyard_airflow.operators.report import CycleReportOperator
 from railyard_airflow.operators.stop import (
     DrainDomainOperator,
     HealthCheckOperator,
@@ -24,6 +31,7 @@ from railyard_airflow.operators.stop import (
 from railyard_airflow.sensors.stop import BufferCapacitySensor, CheckpointSensor
 
 START = datetime(2026, 1, 1)
+MARGIN = timedelta(minutes=5)  # execution_timeout = the step's own deadline + this
 
 
 def dag_id_for(train_id: str) -> str:
@@ -34,11 +42,30 @@ def _safe(name: str) -> str:
     return re.sub(r"[^\w-]", "_", name)
 
 
+def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dict, where: dict):
+    """The six tasks of one stop; `where` is {"domain": name} or {"slot": "revisit_N"}."""
+    t = config.timeouts
+
+    def step(cls, task_id: str, limit: float):
+        return cls(task_id=task_id, pool=config.pool, retries=2, retry_delay=timedelta(seconds=5),
+                   execution_timeout=timedelta(seconds=limit) + MARGIN, **common, **where)
+
+    with TaskGroup(group_id=group_id, tooltip=tooltip):
+        take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=1.0,
+                                    trigger_rule=TriggerRule.NONE_FAILED, **common, **where)
+        ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=1.0, **common, **where)
+        drain = step(DrainDomainOperator, "drain", t.drain_s)
+        upgrade = step(UpgradeDomainOperator, "upgrade", t.upgrade_s)
+        check = step(HealthCheckOperator, "health_check", t.check_s)
+        ret = step(ReturnDomainOperator, "return_to_service", t.upgrade_s + t.check_s + t.return_s)
+        take >> ckpt >> drain >> upgrade >> check >> ret.as_teardown(setups=take, on_failure_fail_dagrun=True)
+    return take, check, ret
+
+
 def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = None) -> DAG:
     train = config.train(train_id)
-    t = config.timeouts
     common = dict(train_id=train.id, fleet_conn_id=config.fleet.connection, config_path=path)
-    disruptive = dict(pool=config.pool, retries=2, retry_delay=timedelta(seconds=5))
+    notifier = EscalationNotifier(train_id=train.id, config_path=path)
     with DAG(
         dag_id=dag_id_for(train.id),
         description=train.description or f"Maintenance train {train.id}",
@@ -47,32 +74,24 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
         catchup=False,
         max_active_runs=1,
         tags=["railyard", "train"],
-        default_args={"retries": 0},
+        default_args={"retries": 0, "on_failure_callback": notifier},
         doc_md=f"Releases: {', '.join(train.releases)}. Domains: "
         + ", ".join(d.name for d in config.train_domains(train)),
     ) as dag:
-        prev: tuple | None = None
+        prev: tuple = (CycleReportOperator(task_id="cycle_report", **common),)
         seen: dict[str, str] = {}
         for domain in config.train_domains(train):
             gid = _safe(domain.name)
             if gid in seen:
                 raise ValueError(f"domains: {domain.name!r} and {seen[gid]!r} map to the same task group {gid!r}")
             seen[gid] = domain.name
-            with TaskGroup(group_id=gid, tooltip=f"{len(domain.hosts)} hosts"):
-                take = BufferCapacitySensor(
-                    task_id="wait_capacity", domain=domain.name, wait_s=t.capacity_wait_s, poll_s=1.0,
-                    trigger_rule=TriggerRule.NONE_FAILED, **common,
-                )
-                ckpt = CheckpointSensor(
-                    task_id="wait_checkpoints", domain=domain.name, wait_s=t.checkpoint_wait_s, poll_s=1.0, **common
-                )
-                drain = DrainDomainOperator(task_id="drain", domain=domain.name, **common, **disruptive)
-                upgrade = UpgradeDomainOperator(task_id="upgrade", domain=domain.name, **common, **disruptive)
-                check = HealthCheckOperator(task_id="health_check", domain=domain.name, **common, **disruptive)
-                ret = ReturnDomainOperator(task_id="return_to_service", domain=domain.name, **common, **disruptive)
-                take >> ckpt >> drain >> upgrade >> check >> ret.as_teardown(setups=take, on_failure_fail_dagrun=True)
-            if prev is not None:
-                [*prev] >> take
+            take, check, ret = _stop_group(gid, f"{len(domain.hosts)} hosts", config, common, {"domain": domain.name})
+            [*prev] >> take
+            prev = (check, ret)
+        for i in range(1, train.max_dodges + 1):
+            slot = f"revisit_{i}"
+            take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
+            [*prev] >> take
             prev = (check, ret)
     return dag
 

@@ -28,8 +28,9 @@ def test_demo_dags_import(monkeypatch):
     assert sorted(bag.dag_ids) == ["railyard_train_demo"]
     dag = bag.dags["railyard_train_demo"]
     groups = [tid.split(".")[0] for tid in dag.task_ids if tid.endswith(".wait_capacity")]
-    assert groups == [f"pod-{c}" for c in "abcdefgh"]
-    assert [t.split(".")[1] for t in dag.task_ids[:6]] == STEPS
+    assert groups == [f"pod-{c}" for c in "abcdefgh"] + ["revisit_1"]
+    assert dag.task_ids[0] == "cycle_report"
+    assert [t.split(".")[1] for t in dag.task_ids[1:7]] == STEPS
     assert dag.max_active_runs == 1
 
 
@@ -40,6 +41,12 @@ def test_stop_shape_and_pool(monkeypatch):
     assert {t.task_id for t in ret.upstream_list} >= {"pod-a.health_check", "pod-a.wait_capacity"}
     for step in ("drain", "upgrade", "health_check", "return_to_service"):
         assert dag.get_task(f"pod-a.{step}").pool == "railyard_disruptive"
+    assert [t.task_id for t in dag.get_task("pod-a.wait_capacity").upstream_list] == ["cycle_report"]
+    last = dag.get_task("revisit_1.wait_capacity")
+    assert {t.task_id for t in last.upstream_list} == {"pod-h.health_check", "pod-h.return_to_service"}
+    assert last.slot == "revisit_1" and last.domain is None
+    assert dag.get_task("pod-a.drain").execution_timeout.total_seconds() == 900 + 300
+    assert dag.get_task("pod-a.drain").on_failure_callback
     nxt = dag.get_task("pod-b.wait_capacity")
     assert {t.task_id for t in nxt.upstream_list} == {"pod-a.health_check", "pod-a.return_to_service"}
     assert nxt.trigger_rule == "none_failed"

@@ -23,6 +23,7 @@ def small_config(**sim: object) -> RailyardConfig:
     """4 domains x 4 hosts; 2 jobs of 4 hosts placed from offset 2 (job-01: a3 a4 b1 b2; job-02: b3 b4 c1 c2)."""
     simulator = {
         "speed": SPEED,
+        "start_at": "1970-01-01T00:00:00Z",  # fleet time 0: the figures below read as offsets
         "seed": 3,
         "initial_versions": {"gpu-driver": "550.127.08", "nic-firmware": "28.39.2048"},
         "gpus_per_host": 8,

@@ -20,7 +20,7 @@ CONFIG = {
         {"id": "fm", "component": "fabric-manager", "version": "570.86.15"},
     ],
     "domains": [{"name": f"pod-{c}", "hosts": f"h{c}[1-4]"} for c in "abc"],
-    "trains": [{"id": "t", "releases": ["drv", "fm"]}],
+    "trains": [{"id": "t", "releases": ["drv", "fm"], "max_failure_fraction": 1.0}],
     "buffers": {"maintenance": {"hosts": 4}, "failure": {"hosts": 2}},
     "timeouts": {"poll_s": 0.25, "drain_s": 60, "upgrade_s": 120, "check_s": 60, "return_s": 60},
     "simulator": {
@@ -42,8 +42,10 @@ class Clock:
         self.t += s
 
 
-def world(tmp_path, **sim):
-    cfg_data = {**CONFIG, "simulator": {**CONFIG["simulator"], **sim}}
+def world(tmp_path, train: dict | None = None, top: dict | None = None, **sim):
+    cfg_data = {**CONFIG, "simulator": {**CONFIG["simulator"], **sim}, **(top or {})}
+    if train:
+        cfg_data["trains"] = [{**CONFIG["trains"][0], **train}]
     cfg = parse_config(cfg_data)
     clock = Clock()
     fleet = SimEngine(cfg, None, clock=clock)
@@ -143,7 +145,8 @@ def test_failed_upgrade_goes_to_repair_and_train_goes_on(tmp_path):
     assert s.return_hosts() == {"returned": 0, "offboarded": cfg.domain("pod-a").hosts}
     for h in fleet.hosts(cfg.domain("pod-a").hosts):
         assert h.state == HostState.REPAIR and h.reason.startswith("upgrade failed: install ")
-    assert ledger.holdings() == {}
+    assert ledger.holdings(s.op_id) == {}
+    assert set(ledger.holdings().values()) == {f"repair/{h}/{s.op_id}" for h in cfg.domain("pod-a").hosts}
 
 
 def test_return_gates_hosts_that_were_never_checked(tmp_path):
@@ -194,3 +197,100 @@ def test_a_stuck_wait_ends_at_its_deadline(tmp_path):
     wait_checkpoints(s, clock)
     with pytest.raises(StopError, match=r"pod-a: drain did not finish within 60s \(drained 0/4\)"):
         s.drain()
+
+
+def test_failed_hosts_go_to_a_repair_operation(tmp_path):
+    cfg, clock, fleet, ledger, stop = world(tmp_path, check_fail_rate=1.0)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    s.check()
+    held = ledger.holdings()
+    assert sorted(held) == cfg.domain("pod-a").hosts
+    assert all(op == f"repair/{h}/{s.op_id}" for h, op in held.items())
+    assert all(h.operation == f"repair/{h.name}/{s.op_id}" for h in fleet.hosts(list(held)))
+    s.return_hosts()
+    # the train's lease is gone; the repairs still hold their hosts, and count against the
+    # failure buffer (2 hosts): the next domain is refused and the train must stop
+    assert ledger.holdings(s.op_id) == {}
+    d = stop("pod-b", "t/run1/pod-b").take()
+    assert d.outcome == "stop" and "4 hosts broken or in repair > budget 2" in d.reason
+    # repairs are single hosts, not a domain out: the simulator does not count them either
+    assert fleet.capacity().domains_out == []
+
+
+def test_train_halts_when_too_many_hosts_fail(tmp_path):
+    _cfg, clock, fleet, ledger, stop = world(tmp_path, train={"max_failure_fraction": 0.5}, check_fail_rate=1.0)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    with pytest.raises(StopError, match=r"train halted: 4 of 4 hosts failed in this run \(100% > max_failure_fraction 50%\); first: ha1: health check failed"):
+        s.check()
+    assert s.return_hosts()["offboarded"] == ["ha1", "ha2", "ha3", "ha4"]
+    assert all(h.state == HostState.REPAIR for h in fleet.hosts(["ha1", "ha2", "ha3", "ha4"]))
+
+
+# Monday 2026-06-01 00:00 UTC on the fleet clock
+MONDAY = "2026-06-01T00:00:00Z"
+
+
+def test_a_stop_that_does_not_fit_the_window_waits(tmp_path):
+    window = {"days": ["mon"], "start": "00:30", "end": "01:00", "timezone": "UTC"}
+    _cfg, clock, _fleet, _ledger, stop = world(tmp_path, train={"window": window}, start_at=MONDAY)
+    d = stop().take()
+    # 00:00 is outside; the stop needs ~23 min (60+120+300+60+180+300+30 s) and 30 min fits
+    assert d.outcome == "wait" and "next window that fits opens 2026-06-01 00:30 UTC" in d.reason, d.reason
+    clock.advance(30 * 60 / 60 + 1)  # speed 60: 30 fleet minutes
+    assert stop().take().granted
+
+
+def test_a_window_too_short_for_the_stop_is_never_used(tmp_path):
+    window = {"days": ["mon", "tue"], "start": "00:00", "end": "00:10"}
+    _cfg, _clock, _fleet, _ledger, stop = world(tmp_path, train={"window": window}, start_at=MONDAY)
+    d = stop().take()
+    assert d.outcome == "wait" and "does not fit in the window (mon,tue 00:00-00:10 UTC)" in d.reason
+    assert "next window" not in d.reason
+
+
+def test_freezes_stop_new_stops(tmp_path):
+    _cfg, _clock, _fleet, ledger, stop = world(tmp_path, top={"freeze": {"dates": ["2026-06-01"]}},
+                                               start_at=MONDAY)
+    d = stop().take()
+    assert d.outcome == "wait" and "freeze date 2026-06-01 in force" in d.reason
+    (tmp_path / "b").mkdir()
+    _cfg, _clock, _fleet, ledger, stop = world(tmp_path / "b", start_at=MONDAY)
+    ledger.set_switch("freeze", True, reason="year-end change freeze", actor="alice")
+    d = stop().take()
+    assert d.outcome == "wait" and "freeze switched on by alice: year-end change freeze" in d.reason
+    ledger.set_switch("freeze", False, reason="over", actor="alice")
+    assert stop().take().granted
+
+
+def test_a_dodge_postpones_the_domain_within_bounds(tmp_path):
+    cfg, clock, fleet, ledger, stop = world(tmp_path, train={"max_dodges": 1, "max_dodge_s": 3600})
+    job = fleet.jobs(["ha1", "ha2", "ha3", "ha4"])[0]
+    fleet.set_job(job.id, dodge_until=fleet.now() + 1800)
+    d = stop().take()
+    assert d.outcome == "dodge" and job.id in d.reason
+    assert ledger.operation("t/run1/pod-a")["state"] == "dodged"
+    # the revisit slot finds it, waits for the deadline, then takes it
+    claimed = ledger.claim_dodged("t/run1/", "revisit_1")
+    assert claimed["domain"] == "pod-a"
+    assert ledger.claim_dodged("t/run1/", "revisit_1")["id"] == claimed["id"]  # same on a retry
+    again = stop()
+    again.revisit = True
+    assert again.take().outcome == "wait"
+    clock.advance(1800 / 60 + 1)
+    assert again.take().granted
+
+
+def test_a_dodge_beyond_the_bound_is_refused(tmp_path):
+    _cfg, _clock, fleet, ledger, stop = world(tmp_path, train={"max_dodges": 1, "max_dodge_s": 600})
+    job = fleet.jobs(["ha1", "ha2", "ha3", "ha4"])[0]
+    fleet.set_job(job.id, dodge_until=fleet.now() + 7200)
+    assert stop().take().granted
+    assert any(r["action"] == "dodge_refused" and "beyond max_dodge_s=600s" in r["reason"] for r in ledger.audit_rows())

@@ -97,6 +97,10 @@ class HttpFleet:
     def capacity(self) -> Capacity:
         return Capacity.model_validate(self._call("GET", "/v1/capacity"))
 
+    def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
+        if hosts:
+            self._call("POST", "/v1/hosts/handover", body={"hosts": list(hosts), "from_op": from_op, "to_op": to_op})
+
     # ---- beyond the protocol -------------------------------------------------------------------
     def audit(self) -> dict[str, Any]:
         """The simulator's audit: max_domains_out, lost work, unverified returns, installs, stops..."""
@@ -110,6 +114,14 @@ class HttpFleet:
         if not rates:
             return self._call("GET", "/v1/settings")
         return self._call("PATCH", "/v1/settings", body=rates)
+
+    def set_job(self, job_id: str, **fields: Any) -> Job:
+        """A job's own requests (dodge_until, clear_dodge) or, for fault tests, stuck=True."""
+        return Job.model_validate(self._call("PATCH", f"/v1/jobs/{_seg(job_id)}", body=fields))
+
+    def repaired(self, host: str) -> Host:
+        """The repair team is done with the host (simulator only)."""
+        return Host.model_validate(self._call("POST", f"/v1/hosts/{_seg(host)}/repaired"))
 
     def healthy(self) -> bool:
         try:

@@ -50,3 +50,6 @@ class Fleet(Protocol):
         """Hand a host to repair with a reason; it stays out of service."""
 
     def capacity(self) -> Capacity: ...
+
+    def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
+        """Hosts held by `from_op` pass to `to_op` (a repair, an emergency) without coming back."""

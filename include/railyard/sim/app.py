@@ -69,6 +69,18 @@ class CheckRequest(Body):
     op: OpId
 
 
+class JobPatch(Body):
+    dodge_until: float | None = None
+    clear_dodge: bool = False
+    stuck: bool | None = None
+
+
+class HandoverRequest(Body):
+    hosts: list[str]
+    from_op: str
+    to_op: str
+
+
 class OffboardRequest(Body):
     reason: str = Field(min_length=1, max_length=1000, description="why the host goes to repair")
     op: OpId
@@ -243,6 +255,19 @@ def create_app(engine: SimEngine) -> FastAPI:
     @v1.get("/audit/samples", response_model=list[Sample], summary="Capacity time series")
     def samples() -> Any:
         return engine.samples()
+
+    @v1.patch("/jobs/{job_id}", response_model=Job, summary="A job's own requests: a dodge deadline; hang (fault tests)")
+    def patch_job(job_id: HostName, body: JobPatch) -> Any:
+        return engine.set_job(job_id, **body.model_dump())
+
+    @v1.post("/hosts/{host}/repaired", response_model=Host, summary="Repair is done: the host waits, drained, for the health gate")
+    def repaired(host: HostName) -> Any:
+        return engine.repaired(host)
+
+    @v1.post("/hosts/handover", summary="Hand hosts from one operation to another without returning them")
+    def handover(body: HandoverRequest) -> Any:
+        engine.handover(body.hosts, body.from_op, body.to_op)
+        return {"ok": True}
 
     @v1.get("/settings", response_model=Rates, summary="Fault rates in force")
     def get_settings() -> Any:

@@ -19,6 +19,7 @@ import random
 import sqlite3
 import threading
 import time
+from datetime import timezone
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -106,6 +107,8 @@ class _Job:
     checkpoint_interval: float
     checkpoint_requested_at: float | None = None
     checkpoint_due: float | None = None  # when a requested checkpoint completes
+    dodge_until: float | None = None  # the job asks that its hosts not be taken before this time
+    stuck: bool = False  # a hung job: it never checkpoints again
 
     def public(self) -> Job:
         return Job(
@@ -116,6 +119,7 @@ class _Job:
             last_checkpoint=self.last_checkpoint,
             checkpoint_requested_at=self.checkpoint_requested_at,
             checkpoint_interval=self.checkpoint_interval,
+            dodge_until=self.dodge_until,
         )
 
 
@@ -259,7 +263,7 @@ class SimEngine:
             job.checkpoint_requested_at = t
             if job.state != "running":
                 job.last_checkpoint = t  # nothing runs, so nothing can be lost
-            elif job.checkpoint_due is None:  # one already on its way also answers this request
+            elif job.checkpoint_due is None and not job.stuck:  # one on its way also answers this request
                 job.checkpoint_due = t + self.sim.jobs.checkpoint_duration_s
         return t
 
@@ -405,6 +409,45 @@ class SimEngine:
 
     # ---- beyond the protocol -------------------------------------------------------------------
     @_locked
+    def set_job(self, job_id: str, *, dodge_until: float | None = None, stuck: bool | None = None,
+                clear_dodge: bool = False) -> Job:
+        """What a job can say about itself: a dodge deadline, or (for fault tests) that it hangs."""
+        job = self._job(job_id)
+        if dodge_until is not None:
+            job.dodge_until = float(dodge_until)
+        if clear_dodge:
+            job.dodge_until = None
+        if stuck is not None:
+            job.stuck = bool(stuck)
+            if job.stuck:
+                job.checkpoint_due = None
+        self._dirty = True
+        return job.public()
+
+    @_locked
+    def repaired(self, host: str) -> Host:
+        """The repair team is done: the host waits, drained, for Railyard's health gate."""
+        h = self._host(host)
+        if h.state != HostState.REPAIR:
+            raise FleetError(f"{h.name} is not in repair: {self._describe(h)}")
+        h.state, h.reason, h.last_error, h.until = HostState.DRAINED, None, None, None
+        self._dirty = True
+        return h.public()
+
+    @_locked
+    def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
+        """Hosts held by `from_op` pass to `to_op` without coming back in between."""
+        self._check_op(from_op)
+        self._check_op(to_op)
+        for h in (self._host(n) for n in hosts):
+            if h.operation == to_op:
+                continue
+            if h.operation != from_op:
+                raise FleetError(f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
+            h.operation = to_op
+            self._dirty = True
+
+    @_locked
     def advance(self) -> float:
         """Process everything due up to fleet-now; the server calls this ~10 times a second."""
         return self._t
@@ -506,7 +549,7 @@ class SimEngine:
             if h.state == HostState.SERVING and h.fail_at is not None:
                 times.append(h.fail_at)
         for j in self._jobs.values():
-            if j.state == "running":
+            if j.state == "running" and not j.stuck:
                 times.append(j.last_checkpoint + j.checkpoint_interval)
                 if j.checkpoint_due is not None:
                     times.append(j.checkpoint_due)
@@ -515,7 +558,7 @@ class SimEngine:
     def _fire(self, t: float) -> None:
         self._dirty = True
         for j in (self._jobs[k] for k in sorted(self._jobs)):
-            if j.state != "running":
+            if j.state != "running" or j.stuck:
                 continue
             if j.checkpoint_due is not None and j.checkpoint_due <= t:
                 j.last_checkpoint, j.checkpoint_due = j.checkpoint_due, None
@@ -623,6 +666,12 @@ class SimEngine:
 
     # ---- world ---------------------------------------------------------------------------------
     def _seed_world(self) -> None:
+        # The fleet clock is a unix time that runs `speed` times faster than real time, so
+        # calendar rules (windows, freezes) read the same on the simulator as on a real fleet.
+        start = self.sim.start_at
+        if start is not None and start.tzinfo is None:
+            start = start.replace(tzinfo=timezone.utc)
+        self._t = start.timestamp() if start else time.time()
         for d in self.config.domains:
             for name in d.hosts:
                 self._hosts[name] = _Host(
@@ -642,7 +691,7 @@ class SimEngine:
                 hosts=[],
                 gpus=spec.hosts_per_job * self.sim.gpus_per_host,
                 state="pending",
-                last_checkpoint=0.0,
+                last_checkpoint=self._t,
                 checkpoint_interval=spec.checkpoint_interval_s,
             )
         names = sorted(self._hosts)
@@ -752,7 +801,14 @@ class SimEngine:
         return counts
 
     def _domains_out(self) -> list[str]:
-        return sorted({h.domain for h in self._hosts.values() if h.state in MAINTENANCE_STATES})
+        # A host held by a repair operation (`repair/...`) is one broken host, not a domain out.
+        return sorted(
+            {
+                h.domain
+                for h in self._hosts.values()
+                if h.state in MAINTENANCE_STATES and not (h.operation or "").startswith("repair/")
+            }
+        )
 
     def _host(self, name: str) -> _Host:
         h = self._hosts.get(name) if isinstance(name, str) else None

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from railyard.stop import Stop, StopError
 from railyard_airflow.context import make_stop
@@ -18,16 +18,18 @@ from railyard_airflow.hooks.fleet import FleetHook
 
 
 class DomainStopOperator(BaseOperator):
-    """Base: knows its train, domain and fleet connection; subclasses implement `run`."""
+    """Base: knows its train, its domain (or revisit slot) and its fleet; subclasses implement `run`."""
 
     template_fields = ("train_id", "domain")
     ui_color = "#f0e4d7"
 
-    def __init__(self, *, train_id: str, domain: str, fleet_conn_id: str = FleetHook.default_conn_name,
-                 config_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, train_id: str, domain: str | None = None, slot: str | None = None,
+                 fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.train_id = train_id
         self.domain = domain
+        self.slot = slot
         self.fleet_conn_id = fleet_conn_id
         self.config_path = config_path
 
@@ -36,8 +38,11 @@ class DomainStopOperator(BaseOperator):
         return FleetHook(self.fleet_conn_id)
 
     def stop_for(self, context: Any) -> Stop:
-        return make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
-                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path)
+        stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path, slot=self.slot)
+        if stop is None:
+            raise AirflowSkipException(f"{self.slot}: no postponed domain to revisit in this run")
+        return stop
 
     def execute(self, context: Any) -> Any:
         stop = self.stop_for(context)
@@ -45,7 +50,7 @@ class DomainStopOperator(BaseOperator):
             result = self.run(stop)
         except StopError as exc:
             raise AirflowFailException(str(exc)) from None
-        self.log.info("%s %s: %s", self.task_id, self.domain, result)
+        self.log.info("%s %s: %s", self.task_id, stop.domain.name, result)
         return result
 
     def run(self, stop: Stop) -> Any:  # pragma: no cover - abstract
@@ -67,7 +72,10 @@ class UpgradeDomainOperator(DomainStopOperator):
 
 
 class HealthCheckOperator(DomainStopOperator):
-    """Deep health check at the target versions; failed hosts go to repair with the evidence."""
+    """Deep health check at the target versions; failed hosts go to repair with the evidence.
+
+    Fails (and so halts the train at this stop) when too many of the run's hosts have failed.
+    """
 
     def run(self, stop: Stop) -> Any:
         return stop.check()

@@ -24,7 +24,8 @@ from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrig
 class _StopSensor(BaseSensorOperator):
     template_fields = ("train_id", "domain")
 
-    def __init__(self, *, train_id: str, domain: str, fleet_conn_id: str = FleetHook.default_conn_name,
+    def __init__(self, *, train_id: str, domain: str | None = None, slot: str | None = None,
+                 fleet_conn_id: str = FleetHook.default_conn_name,
                  config_path: str | None = None, wait_s: float = 3600, poll_s: float = 1.0,
                  deferrable: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("timeout", wait_s)
@@ -32,6 +33,7 @@ class _StopSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.train_id = train_id
         self.domain = domain
+        self.slot = slot
         self.fleet_conn_id = fleet_conn_id
         self.config_path = config_path
         self.wait_s = wait_s
@@ -43,11 +45,14 @@ class _StopSensor(BaseSensorOperator):
         return FleetHook(self.fleet_conn_id)
 
     def stop_for(self, context: Any) -> Stop:
-        return make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
-                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path)
+        stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path, slot=self.slot)
+        if stop is None:
+            raise AirflowSkipException(f"{self.slot}: no postponed domain to revisit in this run")
+        return stop
 
     def trigger_kwargs(self, context: Any, stop: Stop) -> dict[str, Any]:
-        return dict(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
+        return dict(train_id=self.train_id, domain=stop.domain.name, slot=self.slot, run_id=context["run_id"],
                     fleet_url=self.hook.base_url, ledger_url=stop.ledger.url,
                     config_path=str(config_path(self.config_path)),
                     deadline=time.time() + self.wait_s, poll_interval=self.poll_s)
@@ -65,12 +70,14 @@ class BufferCapacitySensor(_StopSensor):
         if status == "granted":
             self.log.info("lease granted: %s", message)
             return True
-        if status == "skip":
+        if status in ("skip", "dodge"):
             raise AirflowSkipException(message)
         if status == "stop":
             raise AirflowFailException(f"train stopped: {message}")
         if status == "timeout":
-            raise AirflowFailException(f"no capacity for {self.domain} within {self.wait_s:.0f}s")
+            raise AirflowFailException(
+                f"no capacity for {self.domain or self.slot} within {self.wait_s:.0f}s: {message}"
+            )
         if status == "wait":
             return False
         raise AirflowFailException(f"unexpected outcome {status}: {message}")

@@ -16,16 +16,19 @@ from railyard.stop import Stop
 def _stop(kw: dict[str, Any]) -> Stop:
     from railyard_airflow.context import make_stop
 
-    return make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"],
+    stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"],
                      fleet=HttpFleet(kw["fleet_url"]), say=lambda _m: None,
-                     ledger_url=kw["ledger_url"], path=kw["config_path"])
+                     ledger_url=kw["ledger_url"], path=kw["config_path"], slot=kw.get("slot"))
+    assert stop is not None  # a slot defers only after it has claimed its domain
+    return stop
 
 
 class _PollingTrigger(BaseTrigger):
     def __init__(self, *, train_id: str, domain: str, run_id: str, fleet_url: str, ledger_url: str,
-                 config_path: str, deadline: float, poll_interval: float = 1.0, since: float | None = None):
+                 config_path: str, deadline: float, poll_interval: float = 1.0, since: float | None = None,
+                 slot: str | None = None):
         super().__init__()
-        self.kw = dict(train_id=train_id, domain=domain, run_id=run_id, fleet_url=fleet_url,
+        self.kw = dict(train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_url=fleet_url,
                        ledger_url=ledger_url, config_path=config_path, deadline=deadline,
                        poll_interval=poll_interval, since=since)
 
@@ -46,7 +49,8 @@ class _PollingTrigger(BaseTrigger):
                 yield TriggerEvent(event)
                 return
             if time.time() >= self.kw["deadline"]:
-                yield TriggerEvent({"status": "timeout", "message": "deadline passed while waiting"})
+                last = getattr(self, "last", None) or "no answer yet"
+                yield TriggerEvent({"status": "timeout", "message": f"deadline passed while waiting ({last})"})
                 return
             await asyncio.sleep(self.kw["poll_interval"])
 
@@ -56,6 +60,7 @@ class BufferCapacityTrigger(_PollingTrigger):
 
     def probe(self) -> dict[str, Any] | None:
         d = _stop(self.kw).take()
+        self.last = d.reason
         if d.outcome == "wait":
             self.log.info("waiting: %s", d.reason)
             return None

@@ -1,0 +1,45 @@
+"""CycleReportOperator: the first task of every train run — when each domain was last visited."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from railyard.config import config_path
+from railyard.escalate import escalate, overdue_domains
+from railyard_airflow.context import config, ledger
+from railyard_airflow.hooks.fleet import FleetHook
+
+
+class CycleReportOperator(BaseOperator):
+    """Reports domains overdue for the train's cycle time and escalates them; never fails the run."""
+
+    ui_color = "#eeeeee"
+
+    def __init__(self, *, train_id: str, fleet_conn_id: str = FleetHook.default_conn_name,
+                 config_path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.train_id = train_id
+        self.fleet_conn_id = fleet_conn_id
+        self.config_path = config_path
+
+    @cached_property
+    def hook(self) -> FleetHook:
+        return FleetHook(self.fleet_conn_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = config(self.config_path or str(config_path()))
+        led = ledger(cfg.ledger.url)
+        now = self.hook.get_conn().now()
+        visits = led.last_visits(self.train_id)
+        for d in cfg.train_domains(cfg.train(self.train_id)):
+            at = visits.get(d.name)
+            self.log.info("%-24s last visited %s", d.name, f"{(now - at) / 86400:.2f} days ago" if at else "never")
+        overdue = overdue_domains(cfg, led, self.train_id, now)
+        if overdue:
+            names = ", ".join(o["domain"] for o in overdue)
+            escalate(cfg, led, kind="cycle_overdue", summary=f"train {self.train_id}: overdue for its cycle: {names}",
+                     train=self.train_id, run_id=context.get("run_id"), overdue=overdue)
+        return {"overdue": [o["domain"] for o in overdue]}

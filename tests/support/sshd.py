@@ -126,7 +126,8 @@ class SshdFarm:
             "MaxStartups 256:30:512",
             "MaxSessions 64",
             "LogLevel ERROR",
-            f"SetEnv RAILYARD_HOST_STATE={h.state} PATH={path}",
+            # SHLVL=1: bash then skips ~/.bashrc for ssh commands (root's here runs `pyenv init`, ~0.2 s each)
+            f"SetEnv RAILYARD_HOST_STATE={h.state} PATH={path} SHLVL=1",
             f"ForceCommand {STANDINS}/railyard-session",
             "",
         ]))

@@ -9,15 +9,15 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from railyard.fleet.http import HttpFleet
 from railyard.stop import Stop
+from railyard_airflow.hooks.fleet import fleet_for_url
 
 
 def _stop(kw: dict[str, Any]) -> Stop:
     from railyard_airflow.context import make_stop
 
     stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"],
-                     fleet=HttpFleet(kw["fleet_url"]), say=lambda _m: None,
+                     fleet=fleet_for_url(kw["fleet_url"]), say=lambda _m: None,
                      ledger_url=kw["ledger_url"], path=kw["config_path"], slot=kw.get("slot"))
     assert stop is not None  # a slot defers only after it has claimed its domain
     return stop

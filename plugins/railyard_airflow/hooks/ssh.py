@@ -1,0 +1,78 @@
+"""SshFleetHook: credentials for plain SSH hosts from an Airflow SSH connection, and the SshFleet.
+
+Connection (conn_type `ssh`, as providers-ssh reads it): `login`, extra `key_file`, and extra
+`known_hosts`, the path of the pinned host keys of every host in `fleet.ssh.hosts`. The hook refuses
+`no_host_key_check` and `allow_host_key_change`: a host whose key is unknown or changed is never
+reached. The connection's host and port are not used; each host's address and port come from the
+config. Without the connection, `fleet.ssh.user`, `key_file` and `known_hosts` are used.
+
+Why not `SSHHook.get_conn()`: it loads `~/.ssh/known_hosts` besides the pinned keys and retries any
+failure, a refused host key included, with 3-5 s sleeps. The connection is the same; the client is
+`railyard.ssh.runner.paramiko_connector`, which trusts only the pinned file and retries connection
+errors only.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from airflow.sdk import BaseHook
+
+from railyard.config import RailyardConfig
+from railyard.ssh.fleet import SshFleet
+from railyard.ssh.runner import Credentials, paramiko_connector
+
+_FLEETS: dict[tuple, SshFleet] = {}
+_LOCK = threading.Lock()
+
+
+class SshFleetHook(BaseHook):
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = "railyard_ssh"
+    conn_type = "ssh"
+    hook_name = "Railyard SSH hosts"
+
+    def __init__(self, ssh_conn_id: str = default_conn_name, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ssh_conn_id = ssh_conn_id
+
+    def credentials(self, config: RailyardConfig) -> Credentials:
+        ssh = config.fleet.ssh
+        assert ssh is not None
+        user, key_file, known_hosts = ssh.user, ssh.key_file, ssh.known_hosts
+        try:
+            conn = self.get_connection(self.ssh_conn_id)
+        except Exception:  # noqa: BLE001 - no such connection: the config's own values
+            conn = None
+        if conn is not None:
+            extra = conn.extra_dejson
+            for flag in ("no_host_key_check", "allow_host_key_change"):
+                if str(extra.get(flag, "false")).lower() == "true":
+                    raise ValueError(f"connection {self.ssh_conn_id}: extra {flag}=true is refused; "
+                                     "pin the host keys in extra known_hosts")
+            user = conn.login or user
+            key_file = extra.get("key_file") or key_file
+            known_hosts = extra.get("known_hosts") or known_hosts
+        missing = [n for n, v in (("login", user), ("key_file", key_file), ("known_hosts", known_hosts)) if not v]
+        if missing:
+            raise ValueError(f"connection {self.ssh_conn_id}: missing {', '.join(missing)} "
+                             "(or set fleet.ssh.user / key_file / known_hosts)")
+        return Credentials(user=str(user), key_file=str(key_file), known_hosts=str(known_hosts))
+
+    def fleet(self, config: RailyardConfig) -> SshFleet:
+        """One SshFleet per process, config and credentials: its SSH connections are reused across tasks."""
+        ssh = config.fleet.ssh
+        assert ssh is not None
+        creds = self.credentials(config)
+        key = (id(config), creds)
+        with _LOCK:
+            fleet = _FLEETS.get(key)
+            if fleet is None:
+                fleet = SshFleet.from_config(config, paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s))
+                _FLEETS[key] = fleet
+            return fleet
+
+    def get_conn(self) -> SshFleet:
+        from railyard_airflow.context import config
+
+        return self.fleet(config(None))

@@ -1,0 +1,213 @@
+"""The SSH backend against real sshd servers on loopback: 16 hosts, each with its own key and state.
+
+Host keys pinned, bad input refused before any connection, fan-out, and a worker killed in the
+middle of an install: the retry re-attaches and the install runs exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+from pydantic import ValidationError
+
+from railyard.config import parse_config
+from railyard.fleet.port import FleetError
+from railyard.ledger import Ledger
+from railyard.models import HostState, Step
+from railyard.ssh.fleet import SshFleet
+from railyard.ssh.runner import Credentials, HostKeyRefused, SshRunner, op_dir, paramiko_connector
+from tests.support.configs import ssh_config, write_config
+from tests.support.ssh_stop_worker import make as make_stop
+from tests.support.sshd import SshdFarm
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = [f"gpu-{d}{i:02d}" for d in "abcd" for i in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    f = SshdFarm(tmp_path_factory.mktemp("sshd"), NAMES).start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture
+def fresh(farm):
+    for n in NAMES:
+        farm.reset(n, "healthy")
+    farm.write_known_hosts()
+    return farm
+
+
+def creds(farm: SshdFarm, known_hosts: Path | None = None) -> Credentials:
+    return Credentials(farm.user, str(farm.client_key), str(known_hosts or farm.known_hosts))
+
+
+def runner(farm: SshdFarm, known_hosts: Path | None = None, **cfg_kw) -> SshRunner:
+    cfg = parse_config(ssh_config(farm.ssh_hosts_config(), **cfg_kw))
+    return SshRunner.from_config(cfg, paramiko_connector(creds(farm, known_hosts), connect_timeout=5))
+
+
+def test_fan_out_reads_every_host(fresh):
+    with runner(fresh) as r:
+        got = r.fan_out(NAMES, r.versions)
+        assert r.connects == 16
+        assert all(v == {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
+                   for v in got.values()), got
+        r.fan_out(NAMES, r.versions)
+        assert r.connects == 16  # connections are reused
+    assert all(fresh[n].commands() == 2 for n in NAMES)
+
+
+def test_changed_host_key_is_refused_before_any_command(fresh):
+    pinned = fresh.known_hosts.read_text()
+    fresh.rekey("gpu-c03")
+    assert fresh.known_hosts.read_text() == pinned  # the farm does not re-pin: the old key stays pinned
+    with runner(fresh) as r:
+        with pytest.raises(HostKeyRefused, match=r"gpu-c03 .*host key changed"):
+            r.versions("gpu-c03")
+        with pytest.raises(HostKeyRefused):
+            r.upgrade("gpu-c03", [Step(component="gpu-driver", version="570.86.15")], "op-key")
+        assert r.versions("gpu-c04")["kernel"] == "6.1.0-25"  # the others are fine
+    assert fresh["gpu-c03"].commands() == 0
+    assert fresh["gpu-c03"].installs() == []
+    # a host that is not pinned at all is refused the same way, and never added
+    only_others = fresh.root / "known_hosts.partial"
+    only_others.write_text("".join(ln + "\n" for ln in pinned.splitlines() if f":{fresh['gpu-d01'].port} " not in ln))
+    with runner(fresh, known_hosts=only_others) as r:
+        with pytest.raises(HostKeyRefused, match="not pinned"):
+            r.versions("gpu-d01")
+    assert f":{fresh['gpu-d01'].port} " not in only_others.read_text()
+    assert fresh["gpu-d01"].commands() == 0
+
+
+BAD_HOSTS = ["n1;reboot", "$(id)", "a`touch x`", "gpu-a01\nreboot", "-oProxyCommand=touch", "x" * 300, "../x", ""]
+BAD_VERSIONS = ["1.2;rm -rf /", "../x", "$(touch SENTINEL)", "`id`", "1 2", "-o", "v\n1", "9" * 300]
+
+
+def test_bad_input_is_refused_before_any_connection(fresh, tmp_path):
+    sentinel = tmp_path / "SENTINEL"
+    with runner(fresh) as r:
+        for bad in BAD_HOSTS:
+            for call in (lambda h: r.versions(h), lambda h: r.upgrade_state(h, "op"),
+                         lambda h: r.upgrade(h, [Step(component="kernel", version="6.1.0-28")], "op"),
+                         lambda h: r.start_check(h, {"kernel": "6.1.0-28"}, "op")):
+                with pytest.raises(ValueError):
+                    call(bad)
+        for bad in BAD_VERSIONS:
+            with pytest.raises(ValidationError):
+                Step(component="kernel", version=bad.replace("SENTINEL", str(sentinel)))
+            with pytest.raises(ValueError):
+                r.upgrade("gpu-a01", [{"component": "kernel", "version": bad}], "op")
+            with pytest.raises(ValueError):
+                r.start_check("gpu-a01", {"kernel": bad}, "op")
+        with pytest.raises(ValueError, match="no install/verify recipe"):
+            r.upgrade("gpu-a01", [Step(component="bios", version="2.1")], "op")
+        with pytest.raises(ValueError, match="operation id"):
+            r.upgrade("gpu-a01", [Step(component="kernel", version="6.1.0-28")], "op\nrm -rf /")
+        assert r.connects == 0
+    cfg = parse_config(ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
+    fleet = SshFleet.from_config(cfg, paramiko_connector(creds(fresh)))
+    for bad in BAD_HOSTS:
+        with pytest.raises((ValueError, FleetError)):
+            fleet.drain([bad], "op")
+        with pytest.raises((ValueError, FleetError)):
+            fleet.offboard(bad, "why", "op")
+    assert fleet.runner.connects == 0
+    assert not sentinel.exists()
+    assert all(fresh[n].commands() == 0 for n in NAMES)
+
+
+def test_upgrade_runs_detached_under_flock_and_reattaches(fresh):
+    op = "demo/manual__2026-11-29T09:38:19+00:00/pod-a"
+    steps = [Step(component="gpu-driver", version="570.86.15"), Step(component="kernel", version="6.1.0-28")]
+    (fresh["gpu-a01"].state / "install_seconds").write_text("1\n")
+    with runner(fresh) as r:
+        r.upgrade("gpu-a01", steps, op)
+        r.upgrade("gpu-a01", steps, op)  # a retry while it runs: the lock turns it away
+        while (st := r.upgrade_state("gpu-a01", op)).status == "running":
+            time.sleep(0.1)
+        assert st.status == "done", st
+        r.upgrade("gpu-a01", steps, op)  # and after it: every step has a status, nothing runs again
+        time.sleep(0.3)
+        assert r.upgrade_state("gpu-a01", op).status == "done"
+        assert r.versions("gpu-a01")["gpu-driver"] == "570.86.15"
+    d = Path(op_dir(str(fresh["gpu-a01"].work_dir), op))
+    assert [ln.split()[:2] for ln in fresh["gpu-a01"].installs()] == [["gpu-driver", "570.86.15"], ["kernel", "6.1.0-28"]]
+    assert (d / "gpu-driver.status").read_text().strip() == "0" and (d / "kernel.status").read_text().strip() == "0"
+    assert "Setting up gpu-driver (570.86.15) ... done" in (d / "gpu-driver.log").read_text()
+    launches = (d / "launch.log").read_text()
+    assert "launch exit 75" in launches and launches.count("launch exit 0") == 2, launches
+    assert fresh["gpu-a01"].read("reboots.log") == "reboot gpu-a01\n"  # gpu-driver needs a reboot: once
+
+
+def test_worker_killed_mid_install_then_retry_installs_once(fresh, tmp_path):
+    """SIGKILL the worker while the install runs on the host; a fresh process re-attaches."""
+    data = ssh_config(fresh.ssh_hosts_config(), install_timeout_s=60, state_db=str(tmp_path / "fleet.db"))
+    data["domains"] = [{"name": "pod-a", "hosts": ["gpu-a01", "gpu-a02"], "sku": "h100"}]
+    data["fleet"]["ssh"]["hosts"] = {k: v for k, v in data["fleet"]["ssh"]["hosts"].items() if k in ("gpu-a01", "gpu-a02")}
+    data["buffers"] = {"maintenance": {"hosts": 2}, "failure": {"hosts": 1}}
+    cfg_path = write_config(tmp_path / "railyard.yaml", data)
+    ledger_url = f"sqlite:///{tmp_path}/ledger.db"
+    (fresh["gpu-a01"].state / "install_seconds").write_text("3\n")
+    args = [str(cfg_path), ledger_url, "run-1", "pod-a", fresh.user, str(fresh.client_key), str(fresh.known_hosts)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'include'}", "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen([sys.executable, "-m", "tests.support.ssh_stop_worker", *args], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not fresh["gpu-a01"].installs():  # the first install has started on the host
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+        assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    assert worker.wait(timeout=10) == -signal.SIGKILL
+    assert len(fresh["gpu-a01"].installs()) == 1  # killed in the middle of the first component
+
+    stop = make_stop(*args)  # the retry: a fresh process's view, same operation
+    try:
+        assert stop.take().outcome == "granted"
+        assert stop.drain() == {"drained": 0}
+        up = stop.upgrade()
+        assert up == {"upgraded": 2, "offboarded": []}, up
+        chk = stop.check()
+        assert chk["passed"] == 2, chk
+        ret = stop.return_hosts()
+        assert ret == {"returned": 2, "offboarded": []}, ret
+    finally:
+        stop.fleet.close()
+    installs = [ln.split()[:2] for ln in fresh["gpu-a01"].installs()]
+    assert installs == [["gpu-driver", "570.86.15"], ["gpu-firmware", "96.00.a5.00.01"], ["kernel", "6.1.0-28"]]
+    d = Path(op_dir(str(fresh["gpu-a01"].work_dir), stop.op_id))
+    assert all((d / f"{c}.status").read_text().strip() == "0" for c in ("gpu-driver", "gpu-firmware", "kernel"))
+    # one driver, launched once by the killed worker; the retry found it running (lock held) and waited
+    assert (d / "launch.log").read_text().count("launch exit") == 1
+    assert (d / "driver.log").read_text().count("driver start") == 1
+    hosts = {h.name: h for h in stop.fleet.hosts(["gpu-a01", "gpu-a02"])}
+    assert all(h.state == HostState.SERVING and h.versions == stop.targets for h in hosts.values())
+    led = Ledger(ledger_url)
+    assert led.verification(stop.op_id, "gpu-a01")[0] is True
+    assert led.holdings() == {}
+    evidence = stop.fleet.check_evidence("gpu-a01", stop.op_id)
+    assert {v["check"] for v in evidence} == {"gpu_inventory", "dcgm", "nccl", "xid", "versions"}
+    assert all(v["passed"] for v in evidence)
+    assert json.loads(json.dumps(evidence))[2]["evidence"]["busbw_gbps"] == 366.45
+
+
+def test_paramiko_never_auto_adds(fresh):
+    """The connector refuses unknown keys even if ~/.ssh/known_hosts would list them."""
+    conn = paramiko_connector(creds(fresh, fresh.root / "empty_known_hosts"))
+    (fresh.root / "empty_known_hosts").write_text("")
+    from railyard.ssh.runner import Target
+    with pytest.raises(HostKeyRefused):
+        conn(Target("gpu-a01", "127.0.0.1", fresh["gpu-a01"].port, str(fresh["gpu-a01"].work_dir)))
+    assert (fresh.root / "empty_known_hosts").read_text() == ""
+    assert isinstance(paramiko.RejectPolicy(), paramiko.MissingHostKeyPolicy)

@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_parse  # noqa: E402
+import bench_ssh  # noqa: E402
 import bench_train  # noqa: E402
 
 if __name__ == "__main__":
@@ -15,3 +16,5 @@ if __name__ == "__main__":
     bench_parse.main()
     print("\n== Demo train: wall time vs the work floor, on airflow standalone ==", flush=True)
     bench_train.main()
+    print("\n== SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible ==", flush=True)
+    bench_ssh.main()

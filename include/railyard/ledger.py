@@ -131,9 +131,14 @@ def default_url() -> str:
     return f"sqlite:///{home / 'ledger.db'}"
 
 
+def resolve_url(url: str | None = None) -> str:
+    """The ledger in force: the config's URL, else RAILYARD_LEDGER_URL, else a SQLite file."""
+    return url or os.environ.get("RAILYARD_LEDGER_URL") or default_url()
+
+
 class Ledger:
     def __init__(self, url: str | None = None):
-        self.url = url or os.environ.get("RAILYARD_LEDGER_URL") or default_url()
+        self.url = resolve_url(url)
         self.engine: Engine = _make_engine(self.url)
         metadata.create_all(self.engine, checkfirst=True)
         with self.engine.begin() as c:
@@ -218,10 +223,11 @@ class Ledger:
                 )
             else:
                 c.execute(update(operations).where(operations.c.id == op_id).values(state="active", updated_at=now))
-            c.execute(
-                insert(leases),
-                [{"host": h, "op_id": op_id, "domain": domain, "since": now, "kind": kind} for h in taking],
-            )
+            if taking:
+                c.execute(
+                    insert(leases),
+                    [{"host": h, "op_id": op_id, "domain": domain, "since": now, "kind": kind} for h in taking],
+                )
             _audit(c, actor, op_id, "lease", taking, f"took {domain} for {train}")
             return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
 
@@ -242,6 +248,21 @@ class Ledger:
                     .values(state="done", updated_at=time.time())
                 )
             return drop
+
+    def lease_repair(self, op_id: str, host: str, *, domain: str, reason: str, actor: str = "railyard") -> bool:
+        """A repair takes one broken host that nobody holds; never refused for capacity (it adds none)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(leases).where(leases.c.host == host)).first()
+            if r is not None:
+                return r.op_id == op_id
+            now = time.time()
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
+                c.execute(insert(operations).values(id=op_id, kind="repair", train=None, domain=domain, state="active",
+                                                    created_at=now, updated_at=now, detail=json.dumps({"reason": reason})))
+            c.execute(insert(leases).values(host=host, op_id=op_id, domain=domain, since=now, kind="repair"))
+            _audit(c, actor, op_id, "lease", [host], f"repair: {reason}")
+            return True
 
     def handover(self, hosts: Iterable[str], from_op: str, to_op: str, *, kind: str, reason: str,
                  actor: str = "railyard", detail: dict | None = None, domain: str | None = None) -> list[str]:

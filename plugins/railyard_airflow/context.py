@@ -6,7 +6,7 @@ from functools import lru_cache
 
 from railyard.config import RailyardConfig, config_path, load_config
 from railyard.fleet.port import Fleet
-from railyard.ledger import Ledger
+from railyard.ledger import Ledger, resolve_url
 from railyard.stop import Stop, op_id_for
 
 
@@ -15,8 +15,13 @@ def config(path: str | None = None) -> RailyardConfig:
     return load_config(path)
 
 
-@lru_cache(maxsize=4)
 def ledger(url: str | None) -> Ledger:
+    """One Ledger (one connection pool) per effective URL in this process."""
+    return _ledger(resolve_url(url))
+
+
+@lru_cache(maxsize=4)
+def _ledger(url: str) -> Ledger:
     return Ledger(url)
 
 

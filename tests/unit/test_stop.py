@@ -294,3 +294,49 @@ def test_a_dodge_beyond_the_bound_is_refused(tmp_path):
     fleet.set_job(job.id, dodge_until=fleet.now() + 7200)
     assert stop().take().granted
     assert any(r["action"] == "dodge_refused" and "beyond max_dodge_s=600s" in r["reason"] for r in ledger.audit_rows())
+
+
+def run_train(cfg, clock, fleet, ledger, run: str) -> list[str]:
+    """Every domain in order, as the DAG does; returns the domains it visited, stops at a 'stop'."""
+    visited = []
+    for d in cfg.train_domains(cfg.train("t")):
+        s = Stop(config=cfg, train=cfg.train("t"), domain=d, op_id=f"t/{run}/{d.name}", fleet=fleet,
+                 ledger=ledger, sleep=clock.advance, clock=clock)
+        decision = s.take()
+        if decision.outcome == "stop":
+            return visited
+        if decision.outcome == "skip":
+            continue
+        assert decision.granted, decision
+        full_stop_after_take(s, clock)
+        visited.append(d.name)
+    return visited
+
+
+def full_stop_after_take(s: Stop, clock: Clock) -> None:
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    s.check()
+    s.return_hosts()
+
+
+def test_capacity_never_below_the_floor_with_failures_and_a_second_operation(tmp_path):
+    """12 hosts, maintenance 4 + failure 2: the floor is 6 serving hosts. A repair holds one host
+    and one more fails during the first stop: the train must stop rather than cross the floor."""
+    cfg, clock, fleet, ledger, _stop = world(tmp_path, repair_s=10_000_000)
+    # a second operation holds hb4 (a repair); it is out of service
+    fleet.offboard("hb4", "fan failure", "repair/hb4/manual")
+    assert ledger.lease_repair("repair/hb4/manual", "hb4", domain="pod-b", reason="fan failure")
+    a = Stop(config=cfg, train=cfg.train("t"), domain=cfg.domain("pod-a"), op_id="t/r/pod-a", fleet=fleet,
+             ledger=ledger, sleep=clock.advance, clock=clock)
+    assert a.take().granted  # 1 broken <= 2; serving 12 - 1 - 4 = 7 >= 6
+    fleet.fail("hc1")  # during the stop, another host breaks: 2 broken
+    full_stop_after_take(a, clock)
+    fleet.fail("hc2")
+    fleet.fail("hc3")  # 4 broken > failure buffer 2; taking pod-b would leave 12 - 4 - 3 = 5 serving
+    visited = run_train(cfg, clock, fleet, ledger, "r")
+    assert visited == []  # pod-a is at target (skipped); pod-b refused: the train stopped
+    floor = 12 - 4 - 2
+    assert min(s["serving"] for s in fleet.samples()) >= floor
+    assert fleet.audit()["max_domains_out"] == 1

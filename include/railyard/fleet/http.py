@@ -119,6 +119,10 @@ class HttpFleet:
         """A job's own requests (dodge_until, clear_dodge) or, for fault tests, stuck=True."""
         return Job.model_validate(self._call("PATCH", f"/v1/jobs/{_seg(job_id)}", body=fields))
 
+    def fail(self, host: str) -> Host:
+        """Fault injection (simulator only): a serving host breaks now."""
+        return Host.model_validate(self._call("POST", f"/v1/hosts/{_seg(host)}/fail"))
+
     def repaired(self, host: str) -> Host:
         """The repair team is done with the host (simulator only)."""
         return Host.model_validate(self._call("POST", f"/v1/hosts/{_seg(host)}/repaired"))

@@ -260,6 +260,10 @@ def create_app(engine: SimEngine) -> FastAPI:
     def patch_job(job_id: HostName, body: JobPatch) -> Any:
         return engine.set_job(job_id, **body.model_dump())
 
+    @v1.post("/hosts/{host}/fail", response_model=Host, summary="Fault injection: a serving host breaks now")
+    def fail(host: HostName) -> Any:
+        return engine.fail(host)
+
     @v1.post("/hosts/{host}/repaired", response_model=Host, summary="Repair is done: the host waits, drained, for the health gate")
     def repaired(host: HostName) -> Any:
         return engine.repaired(host)

@@ -425,6 +425,16 @@ class SimEngine:
         return job.public()
 
     @_locked
+    def fail(self, host: str) -> Host:
+        """Fault injection: a serving host breaks now (it comes back after `repair_s`)."""
+        h = self._host(host)
+        if h.state != HostState.SERVING:
+            raise FleetError(f"only a serving host can fail: {self._describe(h)}")
+        self._fail(h)
+        self._dirty = True
+        return h.public()
+
+    @_locked
     def repaired(self, host: str) -> Host:
         """The repair team is done: the host waits, drained, for Railyard's health gate."""
         h = self._host(host)

@@ -51,11 +51,11 @@ class _StopSensor(BaseSensorOperator):
             raise AirflowSkipException(f"{self.slot}: no postponed domain to revisit in this run")
         return stop
 
-    def trigger_kwargs(self, context: Any, stop: Stop) -> dict[str, Any]:
+    def trigger_kwargs(self, context: Any, stop: Stop, started: float) -> dict[str, Any]:
         return dict(train_id=self.train_id, domain=stop.domain.name, slot=self.slot, run_id=context["run_id"],
                     fleet_url=self.hook.base_url, ledger_url=stop.ledger.url,
                     config_path=str(config_path(self.config_path)),
-                    deadline=time.time() + self.wait_s, poll_interval=self.poll_s)
+                    deadline=started + self.wait_s, poll_interval=self.poll_s)
 
 
 class BufferCapacitySensor(_StopSensor):
@@ -90,12 +90,13 @@ class BufferCapacitySensor(_StopSensor):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
+        started = time.time()
         stop = self.stop_for(context)
         d = stop.take()
         self.log.info("%s: %s", d.outcome, d.reason)
         if self._outcome(d.outcome, d.reason):
             return None
-        self.defer(trigger=BufferCapacityTrigger(**self.trigger_kwargs(context, stop)),
+        self.defer(trigger=BufferCapacityTrigger(**self.trigger_kwargs(context, stop, started)),
                    method_name="execute_complete", timeout=timedelta(seconds=self.wait_s + 60))
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
@@ -129,6 +130,7 @@ class CheckpointSensor(_StopSensor):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
+        started = time.time()
         stop = self.stop_for(context)
         try:
             jobs, since = stop.request_checkpoints()
@@ -145,7 +147,7 @@ class CheckpointSensor(_StopSensor):
         if not stale:
             self.log.info("every job on %s has a fresh checkpoint", self.domain)
             return None
-        kw = self.trigger_kwargs(context, stop) | {"since": since}
+        kw = self.trigger_kwargs(context, stop, started) | {"since": since}
         self.defer(trigger=CheckpointTrigger(**kw), method_name="execute_complete",
                    timeout=timedelta(seconds=self.wait_s + 60))
 

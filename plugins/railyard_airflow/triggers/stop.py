@@ -72,6 +72,7 @@ class CheckpointTrigger(_PollingTrigger):
 
     def probe(self) -> dict[str, Any] | None:
         stale = _stop(self.kw).stale_jobs(float(self.kw["since"]))
+        self.last = f"no fresh checkpoint from {', '.join(stale)}" if stale else ""
         if stale:
             self.log.info("waiting for checkpoints of %s", ", ".join(stale))
             return None

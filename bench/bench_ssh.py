@@ -1,0 +1,136 @@
+"""SSH fan-out: one upgrade command on 64 real sshd hosts, Railyard's SshRunner vs Ansible, same run.
+
+Same hosts, ports, key, pinned known_hosts and command; parallelism = forks = 64. Each tool opens
+fresh connections for every repetition (Ansible gets a fresh ControlPath dir per run, and
+pipelining on, its fastest documented setting). Reports the median of REPS runs of each,
+interleaved, and checks that every host answered with exit 0 in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "include")]
+
+from railyard.config import parse_config  # noqa: E402
+from railyard.recipes import render  # noqa: E402
+from railyard.ssh.runner import Credentials, SshRunner, paramiko_connector  # noqa: E402
+from tests.support.configs import ssh_config  # noqa: E402
+from tests.support.sshd import SshdFarm  # noqa: E402
+
+HOSTS = int(os.environ.get("RAILYARD_BENCH_SSH_HOSTS", "64"))
+REPS = int(os.environ.get("RAILYARD_BENCH_SSH_REPS", "3"))
+ANSIBLE = Path(sys.executable).parent / "ansible"
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+
+def names(n: int) -> list[str]:
+    return [f"gpu-{chr(ord('a') + i // 8)}{i % 8 + 1:02d}" for i in range(n)]
+
+
+def railyard_once(farm: SshdFarm, cfg, command: str) -> tuple[float, int]:
+    creds = Credentials(farm.user, str(farm.client_key), str(farm.known_hosts))
+    runner = SshRunner.from_config(cfg, paramiko_connector(creds, connect_timeout=30))
+    t0 = time.perf_counter()
+    res = runner.fan_out(list(farm.hosts), lambda h: runner.run(h, command, timeout=60))
+    dt = time.perf_counter() - t0
+    runner.close()
+    ok = sum(1 for r in res.values() if isinstance(r, tuple) and r[0] == 0)
+    return dt, ok
+
+
+def inventory(farm: SshdFarm, path: Path) -> None:
+    lines = ["[gpu]"]
+    for n, h in farm.hosts.items():
+        lines.append(f"{n} ansible_host=127.0.0.1 ansible_port={h.port}")
+    lines += ["", "[gpu:vars]", f"ansible_user={farm.user}", f"ansible_ssh_private_key_file={farm.client_key}",
+              "ansible_python_interpreter=/usr/bin/python3",
+              f"ansible_ssh_common_args='-o UserKnownHostsFile={farm.known_hosts} -o StrictHostKeyChecking=yes'"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def ansible_once(farm: SshdFarm, inv: Path, command: str, forks: int, playbook: Path | None) -> tuple[float, int]:
+    cp = Path(tempfile.mkdtemp(prefix="ry-ansible-cp-"))
+    env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": "True",
+           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp), "ANSIBLE_LOCAL_TEMP": str(cp / "tmp"),
+           "ANSIBLE_STDOUT_CALLBACK": "default" if playbook else "minimal",
+           "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORKS": str(forks)}
+    if playbook:
+        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), "-f", str(forks), str(playbook)]
+    else:
+        cmd = [str(ANSIBLE), "all", "-i", str(inv), "-f", str(forks), "-m", "command", "-a", command]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    shutil.rmtree(cp, ignore_errors=True)
+    if playbook:  # PLAY RECAP: "gpu-a01 : ok=1 changed=1 unreachable=0 failed=0 ..."
+        ok = sum(1 for ln in r.stdout.splitlines()
+                 if " : ok=1 " in ln and "changed=1 " in ln and "unreachable=0 " in ln and "failed=0 " in ln)
+    else:
+        ok = sum(1 for ln in r.stdout.splitlines() if " | CHANGED | rc=0" in ln)
+    if ok != len(farm.hosts):
+        sys.stderr.write(f"ansible: {ok}/{len(farm.hosts)} ok (exit {r.returncode})\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}\n")
+    return dt, ok
+
+
+def main() -> dict:
+    root = Path(tempfile.mkdtemp(prefix="railyard-bench-ssh-"))
+    farm = SshdFarm(root, names(HOSTS)).start()
+    try:
+        data = ssh_config(farm.ssh_hosts_config(), domains=HOSTS // 8, hosts_per_domain=8, parallelism=HOSTS)
+        data["domains"] = [{"name": f"pod-{chr(ord('a') + i)}", "hosts": names(HOSTS)[i * 8:(i + 1) * 8], "sku": "h100"}
+                           for i in range(HOSTS // 8)]
+        cfg = parse_config(data)
+        command = render(cfg.component("gpu-driver").install or "", component="gpu-driver", version="570.86.15")
+        inv = root / "inventory.ini"
+        inventory(farm, inv)
+        play = root / "upgrade.yml"
+        play.write_text(f"- hosts: all\n  gather_facts: false\n  tasks:\n    - command: {command}\n")
+        have_ansible = ANSIBLE.exists()
+        rows: dict[str, list[float]] = {"railyard": [], "ansible": [], "ansible-playbook": []}
+        oks: dict[str, list[int]] = {k: [] for k in rows}
+        for _ in range(REPS):
+            dt, ok = railyard_once(farm, cfg, command)
+            rows["railyard"].append(dt)
+            oks["railyard"].append(ok)
+            if have_ansible:
+                for key, pb in (("ansible", None), ("ansible-playbook", play)):
+                    dt, ok = ansible_once(farm, inv, command, HOSTS, pb)
+                    rows[key].append(dt)
+                    oks[key].append(ok)
+        med = {k: statistics.median(v) for k, v in rows.items() if v}
+        print(f"command: {command!r} on {HOSTS} sshd hosts, parallelism/forks {HOSTS}, median of {REPS}")
+        for k, v in rows.items():
+            if v:
+                print(f"  {k:<17} {med[k]:6.2f} s  (runs: {', '.join(f'{x:.2f}' for x in v)}; "
+                      f"hosts ok per run: {', '.join(map(str, oks[k]))})")
+        if not have_ansible:
+            print("  ansible: not installed (requirements.txt has ansible-core); no baseline measured")
+        out = {"bench": "ssh_fanout", "hosts": HOSTS, "parallelism": HOSTS, "reps": REPS,
+               "railyard_s": round(med["railyard"], 3),
+               "ansible_adhoc_s": round(med["ansible"], 3) if "ansible" in med else None,
+               "ansible_playbook_s": round(med["ansible-playbook"], 3) if "ansible-playbook" in med else None,
+               "all_hosts_ok": all(o == HOSTS for v in oks.values() for o in v)}
+        if "ansible" in med:
+            out["ansible_adhoc_over_railyard"] = round(med["ansible"] / med["railyard"], 2)
+            out["ansible_playbook_over_railyard"] = round(med["ansible-playbook"] / med["railyard"], 2)
+            print(f"  Ansible ad-hoc / Railyard = {out['ansible_adhoc_over_railyard']}x, "
+                  f"ansible-playbook / Railyard = {out['ansible_playbook_over_railyard']}x (goal: >= 1)")
+        print(json.dumps(out))
+        return out
+    finally:
+        farm.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -97,7 +97,7 @@ def test_a_checkpoint_that_never_comes_ends_at_its_deadline(train_env):
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
     assert led.holdings() == {}
     (esc,) = [r for r in led.audit_rows() if r["action"] == "escalation"]
-    assert f"jobs on pod-a did not checkpoint within 3s" in esc["reason"]
+    assert "jobs on pod-a did not checkpoint within 3s" in esc["reason"]
 
 
 def test_a_dodging_job_has_its_domain_visited_last(train_env):

@@ -19,9 +19,9 @@ import random
 import sqlite3
 import threading
 import time
-from datetime import timezone
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import timezone
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from railyard.config import RailyardConfig

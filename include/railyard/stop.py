@@ -345,8 +345,11 @@ class Stop:
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
         repaired = self.offboarded()
+        if self.op_id.startswith("repair/") and repaired:
+            return {"returned": 0, "offboarded": repaired}  # failed its gate: the repair keeps it
         self.ledger.release(self.op_id, actor=self.actor, reason=f"returned {len(back)}, to repair {len(repaired)}")
-        self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
+        if not self.op_id.startswith("repair/"):
+            self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}
 
     def offboarded(self) -> list[str]:
@@ -355,14 +358,16 @@ class Stop:
     def offboard(self, host: str, reason: str) -> None:
         """Hand the host to a repair operation: it stays out, counts against the failure buffer,
         carries its evidence, and comes back only through the health gate."""
-        repair_op = f"repair/{host}/{self.op_id}"
         self.fleet.offboard(host, reason, self.op_id)
         self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
+        self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
+        if self.op_id.startswith("repair/"):
+            return  # a repair whose gate failed keeps the host
+        repair_op = f"repair/{host}/{self.op_id}"
         self.ledger.handover([host], self.op_id, repair_op, kind="repair", reason=reason, actor=self.actor,
                              domain=self.domain.name, detail={"reason": reason, "targets": self.targets,
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
-        self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
 
 
 def _fmt_targets(targets: dict[str, str]) -> str:

@@ -21,6 +21,7 @@ from airflow.sdk import DAG, TaskGroup, TriggerRule, get_parsing_context
 
 from railyard.config import RailyardConfig, config_path, load_config
 from railyard_airflow.notifiers.escalation import EscalationNotifier
+from railyard_airflow.operators.repair import RepairGateOperator
 from railyard_airflow.operators.report import CycleReportOperator
 from railyard_airflow.operators.stop import (
     DrainDomainOperator,
@@ -93,6 +94,25 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
+    return dag
+
+
+def build_repair_dag(path: str | None = None) -> DAG:
+    """Every 15 minutes: hosts whose repair is done are upgraded, checked and returned, or kept."""
+    p = str(config_path(path))
+    config = load_config(p)
+    with DAG(
+        dag_id="railyard_repairs",
+        description="Return repaired hosts through the health gate",
+        schedule="*/15 * * * *",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["railyard", "repair"],
+    ) as dag:
+        RepairGateOperator(task_id="gate_repaired_hosts", fleet_conn_id=config.fleet.connection, config_path=p,
+                           execution_timeout=timedelta(seconds=config.timeouts.upgrade_s + config.timeouts.check_s)
+                           + MARGIN)
     return dag
 
 

@@ -108,3 +108,18 @@ def test_cli_validate_ok_and_bad(tmp_path: Path):
 def test_cli_validate_missing_file(tmp_path: Path):
     res = _validate(str(tmp_path / "none.yaml"))
     assert res.returncode == 1 and "cannot read file" in res.stderr
+
+
+def test_cli_freeze_switch(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/l.db")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "railyard.cli", "freeze", *a],  # noqa: E731
+                                    capture_output=True, text=True)
+    assert run("status").stdout.strip() == "freeze is off"
+    bad = run("on")
+    assert bad.returncode == 2 and "--reason is required" in bad.stderr
+    on = run("on", "--reason", "year-end change freeze", "--actor", "alice")
+    assert on.returncode == 0 and "freeze is ON" in on.stdout and "alice: year-end change freeze" in on.stdout
+    from railyard.ledger import Ledger
+
+    assert Ledger(f"sqlite:///{tmp_path}/l.db").switch("freeze")["actor"] == "alice"
+    assert run("off", "--reason", "done").stdout.strip() == "freeze is off"

@@ -340,3 +340,32 @@ def test_capacity_never_below_the_floor_with_failures_and_a_second_operation(tmp
     floor = 12 - 4 - 2
     assert min(s["serving"] for s in fleet.samples()) >= floor
     assert fleet.audit()["max_domains_out"] == 1
+
+
+def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
+    from railyard.repair import gate_repaired
+
+    cfg, clock, fleet, ledger, stop = world(tmp_path, upgrade_fail_rate=1.0)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()  # every install fails: all four to repair, at the old versions
+    s.check()
+    s.return_hosts()
+    gate = lambda: gate_repaired(cfg, fleet, ledger, sleep=clock.advance, clock=clock, say=lambda m: None)  # noqa: E731
+    assert gate() == {"returned": [], "failed_gate": [], "still_in_repair": ["ha1", "ha2", "ha3", "ha4"]}
+    fleet.repaired("ha1")  # the repair team is done with one host
+    fleet.settings(upgrade_fail_rate=0.0, check_fail_rate=0.0)
+    out = gate()
+    assert out["returned"] == ["ha1"] and out["still_in_repair"] == ["ha2", "ha3", "ha4"]
+    (ha1,) = fleet.hosts(["ha1"])
+    assert ha1.state == HostState.SERVING and ha1.versions == cfg.train_targets(cfg.train("t"))
+    assert "ha1" not in ledger.holdings() and fleet.audit()["unverified_returns"] == []
+    # a host whose gate check fails goes back to repair, under the same repair operation
+    fleet.repaired("ha2")
+    fleet.settings(check_fail_rate=1.0)
+    out = gate()
+    assert out["failed_gate"] == ["ha2"]
+    (ha2,) = fleet.hosts(["ha2"])
+    assert ha2.state == HostState.REPAIR and ledger.holdings()["ha2"] == f"repair/ha2/{s.op_id}"

@@ -27,7 +27,7 @@ class CycleReportOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id)
+        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
 
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = config(self.config_path or str(config_path()))

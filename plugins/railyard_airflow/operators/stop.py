@@ -35,7 +35,7 @@ class DomainStopOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id)
+        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
 
     def stop_for(self, context: Any) -> Stop:
         stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],

@@ -42,7 +42,7 @@ class _StopSensor(BaseSensorOperator):
 
     @cached_property
     def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id)
+        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
 
     def stop_for(self, context: Any) -> Stop:
         stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],

@@ -91,6 +91,19 @@ switches = Table(
     Column("at", Float, nullable=False),
 )
 
+# Operations waiting for capacity, by priority: a waiting emergency is granted before trains.
+# A row not refreshed within WAITER_TTL_S is ignored (its sensor is gone); leases never expire.
+waiters = Table(
+    "waiters",
+    metadata,
+    Column("op_id", String(255), primary_key=True),
+    Column("priority", Integer, nullable=False),
+    Column("since", Float, nullable=False),
+    Column("seen_at", Float, nullable=False),
+)
+WAITER_TTL_S = 30.0
+PRIORITY = {"train_stop": 10, "emergency": 100}
+
 visits = Table(
     "visits",
     metadata,
@@ -162,8 +175,13 @@ class Ledger:
         unavailable: Iterable[str] = (),
         actor: str = "railyard",
         kind: str = "train_stop",
+        take_over_from: Iterable[str] = (),
     ) -> Decision:
         """Lease every host of `domain` to `op_id`, or say why not.
+
+        Waiting operations of a higher priority (emergencies) go first: a lower one waits while
+        one of them is waiting. Hosts held by an operation in `take_over_from` (an emergency over a
+        train's stop) are handed over in the same transaction instead of being waited for.
 
         `budget` is the capacity pool's (the hosts of one SKU, `pool_hosts`; None = the whole fleet).
         `unavailable` are hosts the fleet reports out of service for reasons of its own (failed,
@@ -179,19 +197,41 @@ class Ledger:
             mine = [h for h in want if h in held and held[h].op_id == op_id]
             if len(mine) == len(want):
                 return Decision("granted", f"{op_id} already holds {domain}")
+            now = time.time()
+            prio = PRIORITY.get(kind, 10)
+            ahead = c.execute(
+                select(waiters).where(
+                    waiters.c.priority > prio, waiters.c.seen_at > now - WAITER_TTL_S, waiters.c.op_id != op_id
+                ).order_by(waiters.c.since)
+            ).first()
+            if ahead is not None:
+                return self._wait(c, op_id, prio, now, f"yielding to {ahead.op_id}, waiting since {ahead.since:.0f}")
+            takeover = set(take_over_from)
+            handed = {h: held[h].op_id for h in want if h in held and held[h].op_id in takeover}
+            if handed:
+                for h, src in sorted(handed.items()):
+                    c.execute(update(leases).where(leases.c.host == h).values(op_id=op_id, kind=kind, since=now))
+                    _audit(c, actor, op_id, "handover", [h], f"taken over from {src}")
+                    _audit(c, actor, src, "handed_over", [h], f"taken over by {op_id}")
+                held = {r.host: r for r in c.execute(select(leases))}
+                mine = [h for h in want if h in held and held[h].op_id == op_id]
+                if len(mine) == len(want):
+                    self._ensure_op(c, op_id, kind, train, domain, now)
+                    c.execute(waiters.delete().where(waiters.c.op_id == op_id))
+                    return Decision("granted", f"{op_id} took over {len(handed)} host(s) of {domain} from "
+                                               f"{', '.join(sorted(set(handed.values())))}")
             others = {h: held[h].op_id for h in want if h in held and held[h].op_id != op_id}
             repairing = {h for h, r in held.items() if r.kind == "repair"}
             if set(others) - repairing:
                 holders = sorted({others[h] for h in set(others) - repairing})
-                return Decision("wait", f"{len(set(others) - repairing)} host(s) of {domain} held by {', '.join(holders)}")
+                return self._wait(c, op_id, prio, now,
+                                  f"{len(set(others) - repairing)} host(s) of {domain} held by {', '.join(holders)}")
 
             maint = {h: r for h, r in held.items() if r.kind != "repair"}
             domains_out = {r.domain for r in maint.values()}
             if len(domains_out | {domain}) > budget.max_domains_down:
-                return Decision(
-                    "wait",
-                    f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out",
-                )
+                return self._wait(c, op_id, prio, now,
+                                  f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out")
             # Hosts the fleet reports broken and hosts in repair count against the failure buffer.
             broken = {h for h in (set(unavailable) - set(maint)) | repairing if in_pool(h)}
             pool_held = [h for h in maint if in_pool(h)]
@@ -201,28 +241,17 @@ class Ledger:
                     f"failure buffer exhausted: {len(broken)} hosts broken or in repair > budget {budget.failure_hosts}",
                 )
             # Broken hosts inside the domain are not taken again, but still count once.
-            taking = [h for h in want if h not in broken]
+            taking = [h for h in want if h not in broken and h not in held]
             if len(pool_held) + len(taking) > budget.maintenance_hosts:
-                return Decision(
-                    "wait",
-                    f"maintenance buffer: {len(pool_held)} hosts out + {len(taking)} of {domain} "
-                    f"> budget {budget.maintenance_hosts}",
-                )
+                return self._wait(c, op_id, prio, now, f"maintenance buffer: {len(pool_held)} hosts out + "
+                                  f"{len(taking)} of {domain} > budget {budget.maintenance_hosts}")
             floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
             serving_after = budget.total_hosts - len(pool_held) - len(broken) - len(taking)
             if serving_after < floor:
-                return Decision("wait", f"serving would drop to {serving_after} < floor {floor}")
+                return self._wait(c, op_id, prio, now, f"serving would drop to {serving_after} < floor {floor}")
 
-            now = time.time()
-            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
-                c.execute(
-                    insert(operations).values(
-                        id=op_id, kind=kind, train=train, domain=domain, state="active",
-                        created_at=now, updated_at=now, detail="{}",
-                    )
-                )
-            else:
-                c.execute(update(operations).where(operations.c.id == op_id).values(state="active", updated_at=now))
+            self._ensure_op(c, op_id, kind, train, domain, now)
+            c.execute(waiters.delete().where(waiters.c.op_id == op_id))
             if taking:
                 c.execute(
                     insert(leases),
@@ -230,6 +259,34 @@ class Ledger:
                 )
             _audit(c, actor, op_id, "lease", taking, f"took {domain} for {train}")
             return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
+
+    @staticmethod
+    def _wait(c: Connection, op_id: str, priority: int, now: float, reason: str) -> Decision:
+        """Refuse for now, and queue (or refresh) the operation's place among the waiters."""
+        row = c.execute(select(waiters.c.op_id).where(waiters.c.op_id == op_id)).first()
+        if row is None:
+            c.execute(insert(waiters).values(op_id=op_id, priority=priority, since=now, seen_at=now))
+        else:
+            c.execute(update(waiters).where(waiters.c.op_id == op_id).values(seen_at=now))
+        return Decision("wait", reason)
+
+    @staticmethod
+    def _ensure_op(c: Connection, op_id: str, kind: str, train: str, domain: str, now: float) -> None:
+        if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
+            c.execute(
+                insert(operations).values(
+                    id=op_id, kind=kind, train=train, domain=domain, state="active",
+                    created_at=now, updated_at=now, detail="{}",
+                )
+            )
+        else:
+            c.execute(update(operations).where(operations.c.id == op_id).values(state="active", updated_at=now))
+
+    def waiting(self) -> list[dict]:
+        """Operations waiting for capacity, highest priority first (what a waiting operator sees)."""
+        with self.engine.connect() as c:
+            q = select(waiters).where(waiters.c.seen_at > time.time() - WAITER_TTL_S)
+            return [dict(r._mapping) for r in c.execute(q.order_by(waiters.c.priority.desc(), waiters.c.since))]
 
     def release(self, op_id: str, hosts: Iterable[str] | None = None, *, actor: str = "railyard", reason: str = "") -> list[str]:
         """Release the op's leases (all, or only `hosts`); the op is done when it holds none."""

@@ -84,6 +84,13 @@ class Stop:
     clock: Callable[[], float] = time.monotonic
     say: Callable[[str], None] = field(default=log.info)
     revisit: bool = False  # a slot that comes back for a domain postponed by a dodge
+    kind: str = "train_stop"  # or "emergency": first in line, takes over a train's hosts, no windows
+    scope: list[str] | None = None  # only these hosts of the domain (an emergency's host scope)
+    skip_checkpoint_reason: str | None = None  # drain without waiting for checkpoints (cost recorded)
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self.scope) if self.scope else list(self.domain.hosts)
 
     @property
     def targets(self) -> dict[str, str]:
@@ -134,6 +141,8 @@ class Stop:
         if self.held():
             return Decision("granted", f"{self.op_id} already holds {self.domain.name}")
         now = self.fleet.now()
+        if self.kind == "emergency":
+            return self._take_emergency()
         switch = self.ledger.switch("freeze")
         if switch is not None:
             return Decision("wait", f"freeze switched on by {switch['actor']}: {switch['reason']}")
@@ -163,6 +172,29 @@ class Stop:
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
             unavailable=unavailable, actor=self.actor,
         )
+
+    def _take_emergency(self) -> Decision:
+        """An emergency ignores windows, freezes and dodges (its reason is on record), waits ahead of
+        every train, and takes over hosts a train's stop already has out instead of waiting for them."""
+        fleet_hosts = {h.name: h for h in self.fleet.hosts()}
+        workable = [fleet_hosts[n] for n in self.hosts if fleet_hosts[n].state not in BROKEN_STATES]
+        if not any(pending_steps(self.targets, h) for h in workable):
+            return Decision("skip", f"every host in scope on {self.domain.name} is already at target")
+        holders = self.ledger.holdings()
+        trains = sorted({holders[h] for h in self.hosts if h in holders
+                         and (self.ledger.operation(holders[h]) or {}).get("kind") == "train_stop"})
+        unavailable = [n for n, h in fleet_hosts.items() if h.state in BROKEN_STATES]
+        d = self.ledger.acquire_domain(
+            self.op_id, train=self.train.id, domain=self.domain.name, hosts=self.hosts, kind="emergency",
+            budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
+            unavailable=unavailable, actor=self.actor, take_over_from=trains,
+        )
+        if d.granted and trains:
+            for src in trains:
+                moved = [h for h in self.hosts if holders.get(h) == src]
+                self.fleet.handover(moved, src, self.op_id)
+            self.say(f"{self.domain.name}: {d.reason}")
+        return d
 
     def _dodge(self, now: float) -> Decision | None:
         """A job on the domain asked to be left alone until a deadline: postpone, within bounds."""
@@ -195,6 +227,8 @@ class Stop:
         """Ask every job on the domain to checkpoint; the request time is kept for retries."""
         held = self._require_lease()
         jobs = [j for j in self.fleet.jobs(held) if j.state == "running"]
+        if self.skip_checkpoint_reason:
+            return [j.id for j in jobs], self._skip_checkpoints(jobs)
         recorded = self.ledger.detail(self.op_id).get("checkpoint_requested_at")
         if recorded is None:
             at = self.fleet.request_checkpoint([j.id for j in jobs]) if jobs else self.fleet.now()
@@ -202,8 +236,22 @@ class Stop:
             self.ledger.note(self.op_id, "checkpoint_requested", held, f"jobs: {', '.join(j.id for j in jobs) or 'none'}")
         return [j.id for j in jobs], float(recorded)  # type: ignore[arg-type]
 
+    def _skip_checkpoints(self, jobs) -> float:  # noqa: ANN001
+        """Someone chose to drain without fresh checkpoints: record who pays, and how much."""
+        if "checkpoint_skipped" not in self.ledger.detail(self.op_id):
+            now = self.fleet.now()
+            cost = {j.id: round((now - j.last_checkpoint) / 3600 * j.gpus, 3) for j in jobs}
+            self.ledger.set_detail_once(self.op_id, "checkpoint_skipped", {"reason": self.skip_checkpoint_reason,
+                                                                           "gpu_hours_at_risk": cost})
+            self.ledger.note(self.op_id, "checkpoint_skipped", self.held(),
+                             f"{self.skip_checkpoint_reason}; GPU-hours at risk: {sum(cost.values()):.2f} "
+                             f"({', '.join(f'{k}={v}' for k, v in cost.items()) or 'no jobs'})", actor=self.actor)
+        return float("-inf")
+
     def stale_jobs(self, since: float) -> list[str]:
         """Running jobs on the domain whose last checkpoint is older than `since`."""
+        if self.skip_checkpoint_reason:
+            return []
         return sorted(j.id for j in self.fleet.jobs(self.held()) if j.state == "running" and j.last_checkpoint < since)
 
     # ---- 3. drain ------------------------------------------------------------------------------
@@ -213,7 +261,7 @@ class Stop:
         to_drain = [n for n, h in hosts.items() if h.state == HostState.SERVING]
         if to_drain:
             self.fleet.drain(to_drain, self.op_id)
-            self.ledger.note(self.op_id, "drain", to_drain, f"train {self.train.id}", actor=self.actor)
+            self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
 
         def probe() -> tuple[bool, str]:
             now = self.fleet.hosts(held)
@@ -226,6 +274,10 @@ class Stop:
     # ---- 4. upgrade ----------------------------------------------------------------------------
     def upgrade(self) -> dict:
         held = self._require_lease()
+        # hosts taken over from another operation may still be installing or checking for it
+        self._wait("in-flight work", self.timeouts.upgrade_s, lambda: (
+            not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
+            "waiting for work in flight"))
         started: list[str] = []
         for h in self.fleet.hosts(held):
             if h.state == HostState.DRAINED and h.last_error is None and pending_steps(self.targets, h):
@@ -242,6 +294,7 @@ class Stop:
 
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
         offboarded = []
+        held = self.held()  # an emergency may have taken some over meanwhile
         for h in self.fleet.hosts(held):
             if h.state == HostState.DRAINED and h.last_error:
                 self.offboard(h.name, f"upgrade failed: {h.last_error}")
@@ -267,7 +320,10 @@ class Stop:
 
         self._wait("health check", self.timeouts.check_s, probe)
         failed: list[str] = []
+        still = set(self.held())  # an emergency may have taken some over meanwhile
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
+            if r.host not in still:
+                continue
             ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in self.targets.items())
             self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason)
             if not ok:
@@ -303,7 +359,7 @@ class Stop:
         """
         held = self.held()
         if not held:  # never taken, already returned, or every host went to repair
-            if self.ledger.operation(self.op_id) is not None:
+            if self.ledger.operation(self.op_id) is not None and self.kind == "train_stop":
                 self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
             return {"returned": 0, "offboarded": self.offboarded()}
 
@@ -348,7 +404,7 @@ class Stop:
         if self.op_id.startswith("repair/") and repaired:
             return {"returned": 0, "offboarded": repaired}  # failed its gate: the repair keeps it
         self.ledger.release(self.op_id, actor=self.actor, reason=f"returned {len(back)}, to repair {len(repaired)}")
-        if not self.op_id.startswith("repair/"):
+        if self.kind == "train_stop" and not self.op_id.startswith("repair/"):
             self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}
 

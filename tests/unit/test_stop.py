@@ -369,3 +369,73 @@ def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
     assert out["failed_gate"] == ["ha2"]
     (ha2,) = fleet.hosts(["ha2"])
     assert ha2.state == HostState.REPAIR and ledger.holdings()["ha2"] == f"repair/ha2/{s.op_id}"
+
+
+def emergency_world(tmp_path, **kw):
+    top = {"releases": CONFIG["releases"] + [{"id": "drv-575", "component": "gpu-driver", "version": "575.1"}]}
+    cfg, clock, fleet, ledger, stop = world(tmp_path, top=top, **kw)
+    from railyard.config import TrainSpec
+
+    spec = TrainSpec(id="emergency", releases=["drv-575"], max_failure_fraction=1.0, max_dodges=0)
+
+    def emergency(domain: str, run: str = "e1", **fields) -> Stop:
+        return Stop(config=cfg, train=spec, domain=cfg.domain(domain), op_id=f"emergency/{run}/{domain}",
+                    fleet=fleet, ledger=ledger, sleep=clock.advance, clock=clock, kind="emergency", **fields)
+
+    return cfg, clock, fleet, ledger, stop, emergency
+
+
+def test_a_waiting_emergency_goes_before_the_train(tmp_path):
+    _cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
+    a = stop()
+    assert a.take().granted
+    e = emergency("pod-b")
+    d = e.take()
+    assert d.outcome == "wait" and "max_domains_down=1 reached: pod-a out" in d.reason
+    assert [w["op_id"] for w in ledger.waiting()] == ["emergency/e1/pod-b"]  # who waits, in order
+    full_stop_after_take(a, clock)
+    b = stop("pod-b", "t/run1/pod-b")
+    d = b.take()
+    assert d.outcome == "wait" and "yielding to emergency/e1/pod-b" in d.reason  # the train yields
+    assert e.take().granted
+    full_stop_after_take(e, clock)
+    assert b.take().granted  # and resumes after
+    assert fleet.audit()["max_domains_out"] == 1
+
+
+def test_an_emergency_takes_over_a_train_stop_without_returning_hosts(tmp_path):
+    cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
+    a = stop()
+    assert a.take().granted
+    wait_checkpoints(a, clock)
+    a.drain()
+    a.upgrade()  # the train's driver 570 is on; it is about to check
+    e = emergency("pod-a", skip_checkpoint_reason="CVE-2026-1234 actively exploited")
+    d = e.take()
+    assert d.granted and "took over 4 host(s) of pod-a from t/run1/pod-a" in d.reason
+    assert ledger.holdings() == {h: e.op_id for h in cfg.domain("pod-a").hosts}
+    assert all(h.operation == e.op_id for h in fleet.hosts(cfg.domain("pod-a").hosts))
+    # the train's remaining steps find nothing of theirs and touch nothing
+    assert a.check()["checked"] == 0 and a.return_hosts()["returned"] == 0
+    full_stop_after_take(e, clock)
+    hosts = fleet.hosts(cfg.domain("pod-a").hosts)
+    assert all(h.state == HostState.SERVING and h.versions["gpu-driver"] == "575.1" for h in hosts)
+    # never back in service between the two operations: one return per host, verified
+    returns = [r for r in fleet.audit()["returns"] if r["host"] in cfg.domain("pod-a").hosts]
+    assert len(returns) == 4 and all(r["verified"] and r["op"] == e.op_id for r in returns)
+    train_record = [r["action"] for r in ledger.audit_rows(a.op_id)]
+    assert train_record.count("handed_over") == 4
+    assert ledger.holdings() == {}
+
+
+def test_skipping_checkpoints_records_the_cost(tmp_path):
+    cfg, clock, fleet, ledger, _stop, emergency = emergency_world(tmp_path)
+    clock.advance(10)  # 600 fleet seconds since the jobs' last checkpoint
+    e = emergency("pod-a", skip_checkpoint_reason="CVE-2026-1234 actively exploited")
+    assert e.take().granted
+    jobs, _since = e.request_checkpoints()
+    assert jobs and e.stale_jobs(0) == []
+    (row,) = [r for r in ledger.audit_rows(e.op_id) if r["action"] == "checkpoint_skipped"]
+    assert row["reason"].startswith("CVE-2026-1234 actively exploited; GPU-hours at risk: ")
+    cost = ledger.detail(e.op_id)["checkpoint_skipped"]["gpu_hours_at_risk"]
+    assert set(cost) == set(jobs) and all(v > 0 for v in cost.values())

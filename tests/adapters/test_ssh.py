@@ -211,3 +211,29 @@ def test_paramiko_never_auto_adds(fresh):
         conn(Target("gpu-a01", "127.0.0.1", fresh["gpu-a01"].port, str(fresh["gpu-a01"].work_dir)))
     assert (fresh.root / "empty_known_hosts").read_text() == ""
     assert isinstance(paramiko.RejectPolicy(), paramiko.MissingHostKeyPolicy)
+
+
+def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp_path, monkeypatch):
+    """FleetHook picks the backend from the config; triggers rebuild it from their marker URL."""
+    from railyard_airflow.hooks.fleet import SSH_URL, FleetHook, fleet_for_url
+    from railyard_airflow.hooks.ssh import SshFleetHook
+
+    cfg_path = write_config(tmp_path / "railyard.yaml",
+                            ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
+    conn = {"conn_type": "ssh", "login": fresh.user,
+            "extra": {"key_file": str(fresh.client_key), "known_hosts": str(fresh.known_hosts)}}
+    monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH", json.dumps(conn))
+    hook = FleetHook(config_path=str(cfg_path))
+    assert hook.base_url == SSH_URL + str(cfg_path)
+    fleet = hook.get_conn()
+    assert isinstance(fleet, SshFleet) and fleet_for_url(hook.base_url) is fleet
+    assert {h.state for h in fleet.hosts()} == {HostState.SERVING}
+    cfg = hook.config
+    for flag in ("no_host_key_check", "allow_host_key_change"):
+        bad = {**conn, "extra": {**conn["extra"], flag: "true"}}
+        monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH_BAD", json.dumps(bad))
+        with pytest.raises(ValueError, match=f"{flag}=true is refused"):
+            SshFleetHook("railyard_ssh_bad").credentials(cfg)
+    monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH_BARE", json.dumps({"conn_type": "ssh", "login": "x"}))
+    with pytest.raises(ValueError, match="missing key_file, known_hosts"):
+        SshFleetHook("railyard_ssh_bare").credentials(cfg)

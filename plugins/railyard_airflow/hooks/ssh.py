@@ -14,6 +14,7 @@ errors only.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 from airflow.sdk import BaseHook
@@ -64,7 +65,7 @@ class SshFleetHook(BaseHook):
         ssh = config.fleet.ssh
         assert ssh is not None
         creds = self.credentials(config)
-        key = (id(config), creds)
+        key = (hashlib.sha256(config.model_dump_json().encode()).hexdigest(), creds)
         with _LOCK:
             fleet = _FLEETS.get(key)
             if fleet is None:

@@ -11,9 +11,9 @@ import re
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from railyard.models import Strict, Token, check_token
@@ -167,6 +167,13 @@ class EscalationSpec(Strict):
         return v
 
 
+class EmergencySpec(Strict):
+    """Who may run emergency trains, beyond Airflow's own permission to trigger the DAG."""
+
+    allowed_users: list[str] | None = Field(default=None, description="Airflow user names; None = anyone "
+                                            "Airflow lets trigger railyard_emergency")
+
+
 class TrainSpec(Strict):
     id: Token
     schedule: str | None = Field(default=None, description="cron expression or preset; none = manual only")
@@ -278,6 +285,7 @@ class RailyardConfig(Strict):
     freeze: FreezeSpec = FreezeSpec()
     estimates: EstimatesSpec = EstimatesSpec()
     escalation: EscalationSpec = EscalationSpec()
+    emergency: EmergencySpec = EmergencySpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:

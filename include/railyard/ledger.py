@@ -347,6 +347,18 @@ class Ledger:
                 c.execute(update(operations).where(operations.c.id == from_op).values(state="done", updated_at=now))
         return moved
 
+    def open_operation(self, op_id: str, *, kind: str, detail: dict, actor: str, action: str, reason: str) -> bool:
+        """Record an operation once (idempotent: a retried task does not record it twice)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is not None:
+                return False
+            now = time.time()
+            c.execute(insert(operations).values(id=op_id, kind=kind, train=None, domain=None, state="active",
+                                                created_at=now, updated_at=now, detail=json.dumps(detail)))
+            _audit(c, actor, op_id, action, [], reason)
+            return True
+
     def operations_like(self, prefix: str, state: str | None = None) -> list[dict]:
         q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(operations.c.created_at)
         if state is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from railyard import windows
 from railyard.config import DomainSpec, RailyardConfig, TrainSpec
@@ -87,6 +87,7 @@ class Stop:
     kind: str = "train_stop"  # or "emergency": first in line, takes over a train's hosts, no windows
     scope: list[str] | None = None  # only these hosts of the domain (an emergency's host scope)
     skip_checkpoint_reason: str | None = None  # drain without waiting for checkpoints (cost recorded)
+    domains_at_once: int = 1  # an emergency with large_scale may take more domains together
 
     @property
     def hosts(self) -> list[str]:
@@ -184,9 +185,14 @@ class Stop:
         trains = sorted({holders[h] for h in self.hosts if h in holders
                          and (self.ledger.operation(holders[h]) or {}).get("kind") == "train_stop"})
         unavailable = [n for n, h in fleet_hosts.items() if h.state in BROKEN_STATES]
+        budget = budget_for(self.config, self.domain.sku)
+        if self.domains_at_once > budget.max_domains_down:  # large scale, with a stated reason
+            largest = max(len(d.hosts) for d in self.config.domains if d.sku == self.domain.sku)
+            budget = replace(budget, max_domains_down=self.domains_at_once,
+                             maintenance_hosts=max(budget.maintenance_hosts, largest * self.domains_at_once))
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=self.hosts, kind="emergency",
-            budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
+            budget=budget, pool_hosts=pool_hosts(self.config, self.domain.sku),
             unavailable=unavailable, actor=self.actor, take_over_from=trains,
         )
         if d.granted and trains:

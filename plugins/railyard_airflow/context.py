@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 from railyard.config import RailyardConfig, config_path, load_config
+from railyard.emergency import EmergencyRequest, emergency_train
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger, resolve_url
 from railyard.stop import Stop, op_id_for
@@ -30,8 +32,10 @@ def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, s
     """The Stop of one task. A revisit `slot` has no domain of its own: it takes the run's next
     dodged domain (the same one on every retry), or returns None when there is none."""
     cfg = config(path or str(config_path()))
-    train = cfg.train(train_id)
     led = ledger(ledger_url or cfg.ledger.url)
+    if slot is not None and slot.startswith("stop_"):
+        return emergency_stop(cfg, led, run_id=run_id, slot=slot, fleet=fleet, say=say)
+    train = cfg.train(train_id)
     if slot is not None:
         claimed = led.claim_dodged(f"{op_id_for(train_id, run_id, '')}", slot)
         if claimed is None:
@@ -48,4 +52,36 @@ def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, s
         actor=f"train:{train_id}",
         say=say,
         revisit=slot is not None,
+    )
+
+
+def emergency_run_op(run_id: str) -> str:
+    return f"emergency/{run_id}"
+
+
+def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet, say) -> Stop | None:
+    """Slot `stop_N` of an emergency run: the N-th stop of its validated plan, or None."""
+    op = led.operation(emergency_run_op(run_id))
+    if op is None:
+        return None
+    detail = json.loads(op["detail"] or "{}")
+    stops = detail["plan"]["stops"]
+    n = int(slot.removeprefix("stop_"))
+    if detail["plan"]["dry_run"] or n > len(stops):
+        return None
+    req = EmergencyRequest.model_validate(detail["request"])
+    s = stops[n - 1]
+    return Stop(
+        config=cfg,
+        train=emergency_train(req),
+        domain=cfg.domain(s["domain"]),
+        op_id=f"emergency/{run_id}/{s['domain']}",
+        fleet=fleet,
+        ledger=led,
+        actor=f"emergency:{detail.get('user') or 'unknown'}",
+        say=say,
+        kind="emergency",
+        scope=None if s["whole_domain"] else s["hosts"],
+        skip_checkpoint_reason=req.skip_checkpoint_reason if req.skip_checkpoint else None,
+        domains_at_once=req.domains_at_once,
     )

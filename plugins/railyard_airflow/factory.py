@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, TaskGroup, TriggerRule, get_parsing_context
+from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 
 from railyard.config import RailyardConfig, config_path, load_config
 from railyard_airflow.notifiers.escalation import EscalationNotifier
+from railyard_airflow.operators.emergency import EmergencyPlanOperator
 from railyard_airflow.operators.repair import RepairGateOperator
 from railyard_airflow.operators.report import CycleReportOperator
 from railyard_airflow.operators.stop import (
@@ -43,18 +44,22 @@ def _safe(name: str) -> str:
     return re.sub(r"[^\w-]", "_", name)
 
 
-def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dict, where: dict):
-    """The six tasks of one stop; `where` is {"domain": name} or {"slot": "revisit_N"}."""
+def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dict, where: dict,
+                priority_weight: int = 1):
+    """The six tasks of one stop; `where` is {"domain": name} or {"slot": "revisit_N" | "stop_N"}."""
     t = config.timeouts
 
     def step(cls, task_id: str, limit: float):
         return cls(task_id=task_id, pool=config.pool, retries=2, retry_delay=timedelta(seconds=5),
-                   execution_timeout=timedelta(seconds=limit) + MARGIN, **common, **where)
+                   execution_timeout=timedelta(seconds=limit) + MARGIN, priority_weight=priority_weight,
+                   **common, **where)
 
     with TaskGroup(group_id=group_id, tooltip=tooltip):
         take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=1.0,
-                                    trigger_rule=TriggerRule.NONE_FAILED, **common, **where)
-        ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=1.0, **common, **where)
+                                    trigger_rule=TriggerRule.NONE_FAILED, priority_weight=priority_weight,
+                                    **common, **where)
+        ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=1.0,
+                                priority_weight=priority_weight, **common, **where)
         drain = step(DrainDomainOperator, "drain", t.drain_s)
         upgrade = step(UpgradeDomainOperator, "upgrade", t.upgrade_s)
         check = step(HealthCheckOperator, "health_check", t.check_s)
@@ -94,6 +99,53 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
+    return dag
+
+
+def build_emergency_dag(path: str | None = None) -> DAG:
+    """Triggered by hand from the UI with a form. `plan` validates the form and records who asked;
+    then one slot per possible stop takes the plan's stops. Slots run side by side: the ledger lets
+    `domains_at_once` of them (1 unless large_scale) hold a domain, ahead of every waiting train."""
+    p = str(config_path(path))
+    config = load_config(p)
+    common = dict(train_id="emergency", fleet_conn_id=config.fleet.connection, config_path=p)
+    releases = [r.id for r in config.releases]
+    domains = [d.name for d in config.domains]
+    params = {
+        "releases": Param([], type="array", items={"type": "string", "enum": releases},
+                          description="the release(s) to apply now"),
+        "domains": Param([], type="array", items={"type": "string", "enum": domains},
+                         description="whole domains in scope"),
+        "hosts": Param([], type="array", items={"type": "string"},
+                       description="single hosts in scope (plain host names)"),
+        "reason": Param(None, type=["null", "string"], description="why (required; at least 10 characters)"),
+        "skip_checkpoint": Param(False, type="boolean",
+                                 description="drain without waiting for job checkpoints (the cost is recorded)"),
+        "skip_checkpoint_reason": Param(None, type=["null", "string"], description="required with skip_checkpoint"),
+        "large_scale": Param(False, type="boolean", description="allow more than one domain at once"),
+        "domains_at_once": Param(1, type="integer", minimum=1, maximum=len(domains)),
+        "large_scale_reason": Param(None, type=["null", "string"], description="required with large_scale"),
+        "dry_run": Param(False, type="boolean", description="show the plan only; touch nothing"),
+    }
+    with DAG(
+        dag_id="railyard_emergency",
+        description="Emergency train: apply a release now, ahead of the scheduled trains",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=4,
+        tags=["railyard", "emergency"],
+        params=params,
+        default_args={"retries": 0, "on_failure_callback": EscalationNotifier(train_id="emergency", config_path=p)},
+        doc_md="Fill in the form: releases, scope (domains and/or hosts), a reason. Nothing is touched "
+        "before `plan` has validated it; `dry_run` stops there.",
+    ) as dag:
+        first = EmergencyPlanOperator(task_id="plan", fleet_conn_id=config.fleet.connection, config_path=p,
+                                      priority_weight=100)
+        for i in range(1, len(domains) + 1):
+            take, _check, _ret = _stop_group(f"stop_{i}", "a stop of the plan", config, common,
+                                             {"slot": f"stop_{i}"}, priority_weight=100)
+            first >> take
     return dag
 
 

@@ -25,7 +25,7 @@ def dagbag(monkeypatch, config: Path | None = None):
 def test_demo_dags_import(monkeypatch):
     bag = dagbag(monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["railyard_repairs", "railyard_train_demo"]
+    assert sorted(bag.dag_ids) == ["railyard_emergency", "railyard_repairs", "railyard_train_demo"]
     dag = bag.dags["railyard_train_demo"]
     groups = [tid.split(".")[0] for tid in dag.task_ids if tid.endswith(".wait_capacity")]
     assert groups == [f"pod-{c}" for c in "abcdefgh"] + ["revisit_1"]
@@ -83,5 +83,17 @@ def test_bad_config_is_an_import_error(monkeypatch, tmp_path, mutate, needle):
     cfg.write_text(yaml.safe_dump(data))
     bag = dagbag(monkeypatch, cfg)
     assert list(bag.dag_ids) == []
-    assert len(bag.import_errors) == 2  # the trains file and the repairs file both refuse it
+    assert len(bag.import_errors) == 3  # the trains, emergency and repairs files all refuse it
     assert all(needle in err for err in bag.import_errors.values())
+
+
+def test_emergency_dag_has_a_form_and_a_slot_per_domain(monkeypatch):
+    dag = dagbag(monkeypatch).dags["railyard_emergency"]
+    assert dag.schedule is None or str(dag.timetable.summary) in ("None", "")
+    assert set(dag.params) >= {"releases", "domains", "hosts", "reason", "skip_checkpoint", "dry_run",
+                               "large_scale", "domains_at_once"}
+    assert dag.task_ids[0] == "plan"
+    slots = sorted({t.split(".")[0] for t in dag.task_ids if t.startswith("stop_")})
+    assert len(slots) == 8
+    take = dag.get_task("stop_1.wait_capacity")
+    assert [t.task_id for t in take.upstream_list] == ["plan"] and take.priority_weight == 100

@@ -1,0 +1,132 @@
+"""Emergency trains: the trigger form, validated into a model, and the plan it would carry out.
+
+Nothing is touched before `parse_request` passes: every problem is named by field and value,
+all at once. The plan is what the run then does, stop by stop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from railyard.config import ConfigError, RailyardConfig, TrainSpec
+from railyard.fleet.port import Fleet
+from railyard.models import BROKEN_STATES, Strict, Token
+from railyard.stop import pending_steps, stop_estimate_s
+
+
+class EmergencyError(ConfigError):
+    """The trigger form is invalid; `problems` names every field and value."""
+
+
+class EmergencyRequest(Strict):
+    releases: list[Token] = Field(min_length=1)
+    domains: list[Token] = Field(default_factory=list)
+    hosts: list[Token] = Field(default_factory=list)
+    reason: str
+    skip_checkpoint: bool = False
+    skip_checkpoint_reason: str | None = None
+    large_scale: bool = False
+    domains_at_once: int = Field(default=1, ge=1)
+    large_scale_reason: str | None = None
+    dry_run: bool = False
+
+
+def parse_request(config: RailyardConfig, params: dict[str, Any]) -> EmergencyRequest:
+    """The form, checked against the config; raises EmergencyError listing every problem."""
+    data = {k: v for k, v in params.items() if k in EmergencyRequest.model_fields}
+    for k in ("domains", "hosts"):
+        if data.get(k) is None:
+            data[k] = []
+    try:
+        req = EmergencyRequest.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            problems.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (value: {e.get('input')!r})")
+        raise EmergencyError("emergency form", problems) from None
+    problems = []
+    by_id = {r.id: r for r in config.releases}
+    comps: dict[str, str] = {}
+    for i, rid in enumerate(req.releases):
+        if rid not in by_id:
+            problems.append(f"releases[{i}]: unknown release {rid!r}")
+        elif by_id[rid].component in comps:
+            problems.append(f"releases[{i}]: {rid!r} and {comps[by_id[rid].component]!r} both target "
+                            f"{by_id[rid].component!r}")
+        else:
+            comps[by_id[rid].component] = rid
+    domains = {d.name for d in config.domains}
+    for i, d in enumerate(req.domains):
+        if d not in domains:
+            problems.append(f"domains[{i}]: unknown domain {d!r}")
+    owner = config.host_domain()
+    for i, h in enumerate(req.hosts):
+        if h not in owner:
+            problems.append(f"hosts[{i}]: unknown host {h!r}")
+    if not req.domains and not req.hosts:
+        problems.append("domains/hosts: name at least one domain or host (value: [])")
+    if len(req.reason.strip()) < 10:
+        problems.append(f"reason: say why in at least 10 characters (value: {req.reason!r})")
+    if req.skip_checkpoint and not (req.skip_checkpoint_reason or "").strip():
+        problems.append("skip_checkpoint_reason: required when skip_checkpoint is true (value: None)")
+    if req.domains_at_once > 1 and not req.large_scale:
+        problems.append(f"domains_at_once: more than 1 needs large_scale: true (value: {req.domains_at_once})")
+    if req.large_scale and not (req.large_scale_reason or "").strip():
+        problems.append("large_scale_reason: required when large_scale is true (value: None)")
+    if problems:
+        raise EmergencyError("emergency form", problems)
+    return req
+
+
+def emergency_train(req: EmergencyRequest) -> TrainSpec:
+    """The train an emergency behaves as: its releases, no windows, no dodges, never halted by rate."""
+    return TrainSpec(id="emergency", releases=req.releases, max_failure_fraction=1.0, max_dodges=0,
+                     description="emergency")
+
+
+def plan(config: RailyardConfig, fleet: Fleet, req: EmergencyRequest) -> dict[str, Any]:
+    """Stops in order (whole domains first, then the domains of single hosts), with what each does."""
+    train = emergency_train(req)
+    targets = config.train_targets(train)
+    owner = config.host_domain()
+    scopes: dict[str, list[str]] = {d: list(config.domain(d).hosts) for d in req.domains}
+    for h in req.hosts:
+        if owner[h] not in req.domains:
+            scopes.setdefault(owner[h], []).append(h)
+    live = {h.name: h for h in fleet.hosts()}
+    stops = []
+    for domain, hosts in scopes.items():
+        work = {h: [s.model_dump() for s in pending_steps(targets, live[h])] for h in sorted(hosts)
+                if live[h].state not in BROKEN_STATES}
+        jobs = sorted({j.id for j in fleet.jobs(sorted(hosts)) if j.state == "running"})
+        stops.append({
+            "domain": domain,
+            "hosts": sorted(hosts),
+            "whole_domain": domain in req.domains,
+            "steps": {h: s for h, s in work.items() if s},
+            "jobs_to_checkpoint": [] if req.skip_checkpoint else jobs,
+            "jobs_at_risk": jobs if req.skip_checkpoint else [],
+            "estimate_s": round(stop_estimate_s(config, targets, [live[h] for h in work]), 1),
+        })
+    return {
+        "releases": req.releases,
+        "targets": targets,
+        "stops": stops,
+        "domains_at_once": req.domains_at_once,
+        "estimate_s": round(sum(s["estimate_s"] for s in stops) / req.domains_at_once, 1),
+        "dry_run": req.dry_run,
+    }
+
+
+def describe(p: dict[str, Any]) -> str:
+    lines = [f"emergency: {', '.join(f'{c}={v}' for c, v in p['targets'].items())}; "
+             f"{len(p['stops'])} stop(s), {p['domains_at_once']} at a time, ~{p['estimate_s'] / 60:.0f} min"
+             + (" (DRY RUN: nothing will be touched)" if p["dry_run"] else "")]
+    for i, s in enumerate(p["stops"], 1):
+        lines.append(f"  {i}. {s['domain']}: {len(s['hosts'])} host(s){' (whole domain)' if s['whole_domain'] else ''}, "
+                     f"{len(s['steps'])} need work; checkpoint {', '.join(s['jobs_to_checkpoint']) or '-'}"
+                     + (f"; AT RISK without checkpoint: {', '.join(s['jobs_at_risk'])}" if s["jobs_at_risk"] else ""))
+    return "\n".join(lines)

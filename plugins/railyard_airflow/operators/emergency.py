@@ -1,0 +1,58 @@
+"""EmergencyPlanOperator: the first task of an emergency train. Validates the trigger form into a
+model, checks who triggered it, records the trigger in the ledger, and shows the plan.
+Nothing is touched before it passes; with dry_run it is the only thing that runs."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from railyard.config import config_path
+from railyard.emergency import EmergencyError, describe, parse_request, plan
+from railyard_airflow.context import config, emergency_run_op, ledger
+from railyard_airflow.hooks.fleet import FleetHook
+
+
+class EmergencyPlanOperator(BaseOperator):
+    ui_color = "#ffd6d6"
+
+    def __init__(self, *, fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fleet_conn_id = fleet_conn_id
+        self.config_path = config_path
+
+    @cached_property
+    def hook(self) -> FleetHook:
+        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = config(self.config_path or str(config_path()))
+        led = ledger(cfg.ledger.url)
+        run_id = context["run_id"]
+        user = getattr(context.get("dag_run"), "triggering_user_name", None) or "unknown"
+        params = dict(context.get("params") or {})
+        allowed = cfg.emergency.allowed_users
+        if allowed is not None and user not in allowed:
+            led.note(emergency_run_op(run_id), "emergency_refused", [], f"{user} may not run emergency trains",
+                     actor=user)
+            raise AirflowFailException(f"{user!r} is not allowed to run emergency trains (emergency.allowed_users)")
+        try:
+            req = parse_request(cfg, params)
+        except EmergencyError as exc:
+            led.note(emergency_run_op(run_id), "emergency_invalid", [], "; ".join(exc.problems), actor=user)
+            raise AirflowFailException("emergency form refused, nothing touched:\n" + "\n".join(exc.problems)) from None
+        p = plan(cfg, self.hook.get_conn(), req)
+        self.log.info("%s", describe(p))
+        led.open_operation(
+            emergency_run_op(run_id), kind="emergency_run", actor=user, action="emergency_trigger",
+            detail={"request": req.model_dump(), "plan": p, "user": user},
+            reason=f"{req.reason} | releases {', '.join(req.releases)}"
+            + (" | DRY RUN" if req.dry_run else "")
+            + (f" | skip checkpoints: {req.skip_checkpoint_reason}" if req.skip_checkpoint else "")
+            + (f" | large scale x{req.domains_at_once}: {req.large_scale_reason}" if req.large_scale else ""),
+        )
+        return {"stops": [s["domain"] for s in p["stops"]], "dry_run": req.dry_run, "estimate_s": p["estimate_s"]}

@@ -1,0 +1,68 @@
+"""The emergency train under `dag.test()`: the form is validated before anything is touched,
+a dry run only plans, and a host-scoped emergency touches exactly its hosts."""
+
+from __future__ import annotations
+
+from railyard.ledger import Ledger
+from railyard.models import HostState
+from tests.dags.conftest import load_dag, states
+from tests.support.configs import small_config
+
+
+def config_with_hotfix() -> dict:
+    data = small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0)
+    data["releases"].append({"id": "driver-575-hotfix", "component": "gpu-driver", "version": "575.51.02"})
+    return data
+
+
+def test_a_bad_form_is_refused_before_anything_is_touched(train_env):
+    _stack, fleet, tmp = train_env(config_with_hotfix())
+    before = {h.name: (h.state, h.versions) for h in fleet.hosts()}
+    conf = {"releases": ["driver-575-hotfix", "driver-570"], "hosts": ["gpu-a01", "gpu-zz9"], "reason": "short",
+            "skip_checkpoint": True, "domains_at_once": 2}
+    dr = load_dag("railyard_emergency").test(run_conf=conf)
+    st = states(dr)
+    assert dr.state == "failed" and st["plan"] == "failed"
+    assert all(v in ("upstream_failed", None) for k, v in st.items() if k != "plan"), st
+    assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
+    (row,) = [r for r in Ledger(f"sqlite:///{tmp}/ledger.db").audit_rows() if r["action"] == "emergency_invalid"]
+    for needle in ("releases[1]: 'driver-570' and 'driver-575-hotfix' both target 'gpu-driver'", "hosts[1]: unknown host 'gpu-zz9'",
+                   "reason: say why in at least 10 characters (value: 'short')",
+                   "skip_checkpoint_reason: required when skip_checkpoint is true",
+                   "domains_at_once: more than 1 needs large_scale: true (value: 2)"):
+        assert needle in row["reason"], (needle, row["reason"])
+
+
+def test_a_dry_run_plans_and_touches_nothing(train_env):
+    _stack, fleet, tmp = train_env(config_with_hotfix())
+    before = {h.name: (h.state, h.versions) for h in fleet.hosts()}
+    conf = {"releases": ["driver-575-hotfix"], "domains": ["pod-b"], "reason": "CVE-2026-4242 in the driver",
+            "dry_run": True}
+    dr = load_dag("railyard_emergency").test(run_conf=conf)
+    st = states(dr)
+    assert dr.state == "success" and st.pop("plan") == "success"
+    assert all(v == "skipped" for v in st.values()), st
+    assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    (trig,) = [r for r in led.audit_rows() if r["action"] == "emergency_trigger"]
+    assert trig["actor"] == "dag_test" and "DRY RUN" in trig["reason"]  # who triggered, and why
+    plan = led.operations_like("emergency/")[0]["detail"]["plan"]
+    assert [s["domain"] for s in plan["stops"]] == ["pod-b"] and len(plan["stops"][0]["steps"]) == 4
+
+
+def test_a_host_scoped_emergency_touches_only_its_hosts(train_env):
+    stack, fleet, tmp = train_env(config_with_hotfix())
+    conf = {"releases": ["driver-575-hotfix"], "hosts": ["gpu-b01", "gpu-b02"],
+            "reason": "CVE-2026-4242 in the driver", "skip_checkpoint": True,
+            "skip_checkpoint_reason": "exploited in the wild; jobs restart from their last checkpoint"}
+    dr = load_dag("railyard_emergency").test(run_conf=conf)
+    assert dr.state == "success", states(dr)
+    for h in fleet.hosts():
+        assert h.state == HostState.SERVING
+        want = "575.51.02" if h.name in ("gpu-b01", "gpu-b02") else "550.127.08"
+        assert h.versions["gpu-driver"] == want, h
+    audit = fleet.audit()
+    assert audit["unverified_returns"] == [] and audit["max_domains_out"] == 1
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    assert led.holdings() == {}
+    assert any(r["action"] == "checkpoint_skipped" and "GPU-hours at risk" in r["reason"] for r in led.audit_rows())

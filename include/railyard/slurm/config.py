@@ -1,0 +1,99 @@
+"""The `fleet.slurm` section: how Railyard reaches a Slurm cluster and how it treats its jobs.
+
+Referenced from `railyard.config.FleetSpec`; validated with the rest of the config, so a bad value
+is refused with its field path before any node is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from railyard.models import Strict, Token
+
+
+class SlurmSshSpec(Strict):
+    """Run `scontrol`/`squeue`/... on the Slurm controller over SSH instead of locally."""
+
+    host: Token
+    port: int = Field(default=22, ge=1, le=65535)
+    user: Token = "root"
+    key_file: str
+    known_hosts: str = Field(description="file with the pinned host key; no trust-on-first-use")
+    connect_timeout_s: float = Field(default=10, gt=0)
+
+
+class CheckpointPolicySpec(Strict):
+    """What a stop does with a job that does not checkpoint when signalled.
+
+    `wait`: keep waiting (the checkpoint sensor's deadline ends the stop, nothing is drained).
+    `requeue`: after `grace_s` requeue it anyway and record the work lost since its last checkpoint.
+    """
+
+    policy: Literal["wait", "requeue"] = "wait"
+    grace_s: float = Field(default=300, gt=0)
+    signal: Literal["USR1", "USR2"] = "USR1"
+    interval_s: float = Field(default=1800, gt=0, description="the jobs' usual checkpoint cadence")
+
+
+class StandinSpec(Strict):
+    """The stand-in host runner: per-node component versions in files, realistic durations."""
+
+    state_dir: str | None = Field(default=None, description="default: <fleet.slurm.state_dir>/standin")
+    speed: float = Field(default=1.0, gt=0, description="component duration_s is divided by this")
+    check_s: float = Field(default=2.0, ge=0)
+    initial_versions: dict[Token, Token] = Field(default_factory=dict)
+    fail_checks: list[Token] = Field(default_factory=list, description="nodes whose checks fail (tests)")
+
+
+class DomainRuleSpec(Strict):
+    """Derive domains from Slurm instead of listing them: exactly one of the three."""
+
+    pattern: str | None = Field(default=None, description="regex over the node name with a group 'domain'")
+    partition: bool = False
+    feature_prefix: Token | None = Field(default=None, description="e.g. 'rack-': feature rack-a1 -> domain a1")
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            rx = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        if "domain" not in rx.groupindex:
+            raise ValueError("needs a named group (?P<domain>...)")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> DomainRuleSpec:
+        if sum([self.pattern is not None, self.partition, self.feature_prefix is not None]) != 1:
+            raise ValueError("give exactly one of 'pattern', 'partition' or 'feature_prefix'")
+        return self
+
+
+class SlurmSpec(Strict):
+    transport: Literal["local", "ssh"] = "local"
+    ssh: SlurmSshSpec | None = None
+    slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the local CLI")
+    state_dir: str | None = Field(default=None, description="Railyard's own records; default RAILYARD_HOME/slurm")
+    reason_prefix: Token = "railyard"
+    reservation_users: list[Token] = Field(default_factory=lambda: ["root"])
+    stop_window_s: float = Field(default=3600, ge=60, description="expected length of one stop: the MAINT window")
+    reserve_ahead: int | None = Field(default=None, ge=0, description="how many of the train's next domains to "
+                                      "reserve at their expected windows; none = all of them")
+    checkpoint: CheckpointPolicySpec = CheckpointPolicySpec()
+    runner: Literal["standin"] = "standin"
+    standin: StandinSpec = StandinSpec()
+    controller_wait_s: float = Field(default=120, ge=0, description="how long to ride out an unreachable slurmctld")
+    command_timeout_s: float = Field(default=30, gt=0)
+    domains_from: DomainRuleSpec | None = None
+
+    @model_validator(mode="after")
+    def _ssh(self) -> SlurmSpec:
+        if self.transport == "ssh" and self.ssh is None:
+            raise ValueError("transport 'ssh' needs an 'ssh' section (host, key_file, known_hosts)")
+        return self

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from railyard.models import Strict, Token, check_token
 from railyard.recipes import CommandTemplate
+from railyard.slurm.config import SlurmSpec
 from railyard.ssh.spec import SshSpec, ssh_problems
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "railyard.yaml"
@@ -234,9 +235,10 @@ class TimeoutsSpec(Strict):
 class FleetSpec(Strict):
     """`http`: a fleet manager (the simulator) at Airflow connection `connection`; `ssh`: plain hosts."""
 
-    backend: Literal["http", "ssh"] = "http"
+    backend: Literal["http", "ssh", "slurm"] = "http"
     connection: Token = "railyard_fleet"
     ssh: SshSpec | None = None
+    slurm: SlurmSpec | None = None  # backend slurm: railyard.slurm.config (defaults when absent)
 
 
 class LedgerSpec(Strict):

@@ -11,11 +11,13 @@ from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import Fleet
 
 SSH_URL = "ssh-fleet:"  # what `base_url` says for the ssh backend; triggers turn it back into a fleet
+SLURM_URL = "slurm-fleet:"  # the same for the slurm backend (railyard.slurm.fleet.SlurmFleet)
 
 
 class FleetHook(BaseHook):
     """The fleet of the config: `http` (default) talks to a fleet manager that speaks Railyard's fleet
-    API (the simulator is one); `ssh` drives plain hosts over SSH (`SshFleetHook`).
+    API (the simulator is one); `ssh` drives plain hosts over SSH (`SshFleetHook`); `slurm` drives a
+    Slurm cluster (`railyard.slurm.fleet.SlurmFleet`, configured by `fleet.slurm`).
 
     Connection for `http`: conn_type `http`, host, port, schema `http`/`https`; extra `read_timeout`.
     """
@@ -44,6 +46,8 @@ class FleetHook(BaseHook):
     def base_url(self) -> str:
         if self.backend == "ssh":
             return SSH_URL + str(config_path(self.config_path))
+        if self.backend == "slurm":
+            return SLURM_URL + str(config_path(self.config_path))
         conn = self.get_connection(self.fleet_conn_id)
         host = conn.host or "127.0.0.1"
         if "://" in host:
@@ -59,6 +63,10 @@ class FleetHook(BaseHook):
             ssh = self.config.fleet.ssh
             assert ssh is not None
             return SshFleetHook(ssh.connection).fleet(self.config)
+        if self.backend == "slurm":
+            from railyard.slurm.fleet import fleet_from_config
+
+            return fleet_from_config(self.config)
         extra = self.get_connection(self.fleet_conn_id).extra_dejson
         return HttpFleet(self.base_url, read_timeout=float(extra.get("read_timeout", 15.0)))
 
@@ -67,4 +75,6 @@ def fleet_for_url(url: str) -> Fleet:
     """The fleet a trigger was given: an HTTP fleet's URL, or the ssh backend's marker with its config."""
     if url.startswith(SSH_URL):
         return FleetHook(config_path=url[len(SSH_URL):]).get_conn()
+    if url.startswith(SLURM_URL):
+        return FleetHook(config_path=url[len(SLURM_URL):]).get_conn()
     return HttpFleet(url)

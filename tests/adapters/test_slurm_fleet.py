@@ -224,3 +224,15 @@ def test_commands_over_ssh_are_quoted_argv(tmp_path: Path):
     assert argv[:2] == ["ssh", "-p"] and "StrictHostKeyChecking=yes" in argv
     assert argv[-1] == "SLURM_CONF=/etc/slurm/slurm.conf scontrol update nodename=n1 state=drain 'reason=railyard op=x'"
     assert isinstance(SlurmFleet, type)
+
+
+def test_domains_derived_from_slurm(world, cluster: SlurmCluster):
+    cfg, fleet, _ = world(domains_from={"pattern": r"n(?P<domain>[1-4])"})
+    assert fleet.derived_domains() == {"1": ["n1"], "2": ["n2"], "3": ["n3"], "4": ["n4"]}
+    cluster.cli("scontrol", "update", "nodename=n1,n2", "availablefeatures=rack-a1", "activefeatures=rack-a1")
+    _, by_feature, _ = world(domains_from={"feature_prefix": "rack-"})
+    assert by_feature.derived_domains() == {"a1": ["n1", "n2"]}
+    _, by_partition, _ = world(domains_from={"partition": True})
+    assert by_partition.derived_domains() == {"gpu": [f"n{i}" for i in range(1, 9)]}
+    with pytest.raises(ValueError, match="named group"):
+        world(domains_from={"pattern": "n[0-9]"})

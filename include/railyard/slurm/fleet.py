@@ -259,6 +259,14 @@ class SlurmFleet:
                    why=f"no checkpoint {self.spec.checkpoint.grace_s:.0f}s after the request; requeued by policy")
         return job.model_copy(update={"state": "pending", "hosts": []})
 
+    def derived_domains(self) -> dict[str, list[str]]:
+        """Domains as `fleet.slurm.domains_from` derives them from the live cluster (all its nodes)."""
+        from railyard.slurm.domains import derive_domains
+
+        if self.spec.domains_from is None:
+            raise FleetError("fleet.slurm.domains_from is not set")
+        return derive_domains(json.loads(self.cli.run("sinfo", "--json")).get("nodes", []), self.spec.domains_from)
+
     # ---- notes (what the run reports beyond the ledger) -----------------------------------------
     def _note(self, kind: str, **data: Any) -> None:
         with (self.dir / "notes.jsonl").open("a") as f:

@@ -87,7 +87,7 @@ class SlurmFleet:
         self.runner = runner
         self.cli = cli or SlurmCli(spec)
         self.dir = Path(state_dir)
-        for sub in ("nodes", "ckpt"):
+        for sub in ("nodes", "ckpt", "resv"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.domain_of = config.host_domain()
         self.prefix = spec.reason_prefix
@@ -200,11 +200,23 @@ class SlurmFleet:
                     name, node.get("reason_set_by_user") or "someone else", reason)
 
     def _gate(self, nodes: dict[str, dict]) -> None:
-        """Nodes Railyard holds that Slurm put back by itself are drained again at once."""
+        """Nodes Railyard holds that Slurm put back by itself are drained again at once; nodes and
+        reservations it already gave back that a restarted controller brought back are given back again."""
+        self._replay_unreserve()
         for f in sorted((self.dir / "nodes").glob("*.json")):
             rec = _read(f)
             name = f.stem
             node = nodes.get(name)
+            if rec and rec.get("phase") == "returned" and node is not None:
+                flags = {str(x).upper() for x in node.get("state_flags") or []}
+                if "DRAIN" in flags and node.get("reason") == self.reason_for(rec["op"]):
+                    log.warning("%s: returned by %s but drained again (a controller restart lost the resume); "
+                                "resuming it again", name, rec["op"])
+                    self.cli.run("scontrol", "update", f"nodename={name}", "state=resume")
+                    self._note("resume_replayed", node=name, op=rec["op"])
+                    node["state_flags"] = [x for x in node.get("state_flags", []) if str(x).upper() != "DRAIN"]
+                    node["reason"] = ""
+                continue
             if not rec or rec.get("phase") != "held" or node is None:
                 continue
             flags = {str(x).upper() for x in node.get("state_flags") or []}
@@ -323,6 +335,7 @@ class SlurmFleet:
             rname = self._resv_name(name)
             start = "now" if i == 0 else f"now+{i * minutes * 60}seconds"
             if rname not in existing:
+                (self.dir / "resv" / f"{rname}.json").unlink(missing_ok=True)
                 self.cli.run("scontrol", "create", "reservation", f"reservationname={rname}", f"starttime={start}",
                              f"duration={minutes}", f"nodes={','.join(sorted(hosts))}", "flags=maint,ignore_jobs",
                              f"users={','.join(self.spec.reservation_users)}")
@@ -333,8 +346,27 @@ class SlurmFleet:
 
     def _unreserve(self, domain: str) -> None:
         rname = self._resv_name(domain)
+        (self.dir / "resv").mkdir(exist_ok=True)
+        _write(self.dir / "resv" / f"{rname}.json", {"until": self.now() + 2 * self.spec.stop_window_s})
         if rname in self.reservations():
             self.cli.run("scontrol", "delete", f"reservationname={rname}")
+            self._note("unreserve", name=rname)
+
+    def _replay_unreserve(self) -> None:
+        """A reservation deleted on return that a restarted controller brought back is deleted again."""
+        gone = {}
+        for f in (self.dir / "resv").glob("*.json") if (self.dir / "resv").exists() else []:
+            rec = _read(f)
+            if rec and rec["until"] > self.now():
+                gone[f.stem] = rec
+            else:
+                f.unlink(missing_ok=True)
+        if not gone:
+            return
+        for rname in set(gone) & set(self.reservations()):
+            log.warning("reservation %s came back after a controller restart; deleting it again", rname)
+            self.cli.run("scontrol", "delete", f"reservationname={rname}")
+            self._note("unreserve_replayed", name=rname)
 
     # ---- drain / upgrade / check / return -------------------------------------------------------
     def drain(self, hosts: list[str], op: str) -> None:
@@ -426,7 +458,7 @@ class SlurmFleet:
                 rec = self._record(h)
                 flags = {str(x).upper() for x in node.get("state_flags") or []}
                 if rec and rec.get("op") == op and "DRAIN" not in flags:
-                    self._drop_record(h)  # already back (an earlier attempt resumed it)
+                    pass  # already back (an earlier attempt resumed it)
                 elif "DRAIN" in flags:
                     self._note("not_returned", node=h, op=op, reason=node.get("reason"))
                 continue
@@ -438,8 +470,8 @@ class SlurmFleet:
         for domain in sorted({self.domain_of[h] for h in back}):
             self._unreserve(domain)
         self.cli.run("scontrol", "update", f"nodename={','.join(back)}", "state=resume")
-        for h in back:
-            self._drop_record(h)
+        for h in back:  # kept: a controller restarted from older state may bring the drain back
+            self._set_record(h, op=op, phase="returned", domain=self.domain_of[h], since=self.now())
 
     def offboard(self, host: str, reason: str, op: str) -> None:
         self._check_hosts([host])

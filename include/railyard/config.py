@@ -230,6 +230,8 @@ class TimeoutsSpec(Strict):
     check_s: float = Field(default=1800, gt=0)
     return_s: float = Field(default=900, gt=0)
     poll_s: float = Field(default=0.5, gt=0)
+    fleet_outage_s: float = Field(default=600, ge=0, description="how long disruptive steps keep retrying "
+                                  "while the fleet API is unreachable")
 
 
 class FleetSpec(Strict):

@@ -32,6 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 metadata = MetaData()
 
@@ -153,7 +154,14 @@ class Ledger:
     def __init__(self, url: str | None = None):
         self.url = resolve_url(url)
         self.engine: Engine = _make_engine(self.url)
-        metadata.create_all(self.engine, checkfirst=True)
+        for attempt in range(10):  # several processes may create the tables at the same moment
+            try:
+                metadata.create_all(self.engine, checkfirst=True)
+                break
+            except DBAPIError as exc:
+                if "already exists" not in str(exc) or attempt == 9:
+                    raise
+                time.sleep(0.1)
         with self.engine.begin() as c:
             if c.execute(select(ledger_lock.c.id)).first() is None:
                 try:
@@ -381,6 +389,24 @@ class Ledger:
             )
             _audit(c, "railyard", op_id, "dodge", [], f"{domain} postponed for {', '.join(jobs)} until {until:.0f}")
             return True
+
+    def mark_for_revisit(self, op_id: str, reason: str, actor: str = "railyard") -> None:
+        """A stop that another operation took over comes back in a revisit slot, from scratch:
+        a fresh checkpoint request and fresh health verdicts, not the ones of its first attempt."""
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(operations).where(operations.c.id == op_id)).first()
+            if r is None:
+                return
+            detail = json.loads(r.detail or "{}")
+            if detail.get("revisit"):
+                return
+            detail.pop("checkpoint_requested_at", None)
+            detail.update(dodge_until=0, revisit=True)
+            c.execute(update(operations).where(operations.c.id == op_id).values(
+                state="dodged", detail=json.dumps(detail), updated_at=time.time()))
+            c.execute(verifications.delete().where(verifications.c.op_id == op_id))
+            _audit(c, actor, op_id, "revisit", [], reason)
 
     def claim_dodged(self, prefix: str, slot: str) -> dict | None:
         """The dodged stop of this run that `slot` revisits (the same one on every retry)."""

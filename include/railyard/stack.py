@@ -181,8 +181,12 @@ class Stack:
 
     @property
     def password(self) -> str | None:
+        return self.password_of("admin")
+
+    def password_of(self, user: str) -> str | None:
+        """Airflow's SimpleAuthManager generates each user's password once, into this file."""
         f = self.airflow_home / "simple_auth_manager_passwords.json.generated"
-        return json.loads(f.read_text()).get("admin") if f.exists() else None
+        return json.loads(f.read_text()).get(user) if f.exists() else None
 
     # ---- REST --------------------------------------------------------------------------------------
     def token(self, username: str = "admin", password: str | None = None) -> str:
@@ -192,7 +196,7 @@ class Stack:
             raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
         return r.json()["access_token"]
 
-    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), **kw) -> dict:
+    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0, **kw) -> dict:
         if self._token is None:
             self._token = self.token()
         r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
@@ -200,6 +204,9 @@ class Stack:
         if r.status_code == 401:
             self._token = self.token()
             return self.rest(method, path, ok, **kw)
+        if r.status_code >= 500 and method in ("GET", "PATCH") and _tries < 3:
+            time.sleep(1)  # SQLite under standalone is sometimes briefly locked; these calls are idempotent
+            return self.rest(method, path, ok, _tries + 1, **kw)
         if r.status_code not in ok:
             raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
         return r.json() if r.content else {}
@@ -219,9 +226,20 @@ class Stack:
         _wait(f"DAG {dag_id} parsed", timeout, present, self.airflow, self.home / "airflow.log")
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        """Trigger a run with an id of our own, so that a retry after a transient 5xx (SQLite busy)
+        cannot start a second run: the retry either creates it or finds it (409)."""
         self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        run = self.rest("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
-        return str(run["dag_run_id"])
+        run_id = f"manual__{time.strftime('%Y%m%dT%H%M%S')}_{os.urandom(3).hex()}"
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}}
+        for attempt in range(4):
+            try:
+                self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409), json=body)
+                return run_id
+            except StackError as exc:
+                if " 5" not in str(exc)[:60] or attempt == 3:
+                    raise
+                time.sleep(1)
+        return run_id
 
     def run_state(self, dag_id: str, run_id: str) -> str:
         return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])

@@ -196,9 +196,19 @@ class Stop:
             unavailable=unavailable, actor=self.actor, take_over_from=trains,
         )
         if d.granted and trains:
-            for src in trains:
-                moved = [h for h in self.hosts if holders.get(h) == src]
-                self.fleet.handover(moved, src, self.op_id)
+            done: list[tuple[list[str], str]] = []
+            try:
+                for src in trains:
+                    moved = [h for h in self.hosts if holders.get(h) == src]
+                    self.fleet.handover(moved, src, self.op_id)
+                    done.append((moved, src))
+            except Exception as exc:  # put everything back as it was: nothing half-handed over
+                for moved, src in done:
+                    self.fleet.handover(moved, self.op_id, src)
+                for src in trains:
+                    self.ledger.handover([h for h in self.hosts if holders.get(h) == src], self.op_id, src,
+                                         kind="train_stop", reason=f"takeover undone: {exc}", actor=self.actor)
+                raise StopError(f"{self.domain.name}: could not take over from {', '.join(trains)}: {exc}") from exc
             self.say(f"{self.domain.name}: {d.reason}")
         return d
 
@@ -364,8 +374,9 @@ class Stop:
         checked (a crash, a cleared task) is checked here first; one that cannot pass goes to repair.
         """
         held = self.held()
-        if not held:  # never taken, already returned, or every host went to repair
+        if not held:  # never taken, already returned, taken over, or every host went to repair
             if self.ledger.operation(self.op_id) is not None and self.kind == "train_stop":
+                self._revisit_if_taken_over()
                 self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
             return {"returned": 0, "offboarded": self.offboarded()}
 
@@ -411,8 +422,19 @@ class Stop:
             return {"returned": 0, "offboarded": repaired}  # failed its gate: the repair keeps it
         self.ledger.release(self.op_id, actor=self.actor, reason=f"returned {len(back)}, to repair {len(repaired)}")
         if self.kind == "train_stop" and not self.op_id.startswith("repair/"):
+            self._revisit_if_taken_over()
             self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}
+
+    def _revisit_if_taken_over(self) -> None:
+        """An emergency took (some of) this stop's hosts: the train comes back for the domain in a
+        revisit slot at the end of the run, so its own releases are not silently skipped."""
+        taken = {h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "handed_over" for h in r["hosts"]}
+        if taken and not self.revisit:
+            by = sorted({r["reason"].removeprefix("taken over by ") for r in self.ledger.audit_rows(self.op_id)
+                         if r["action"] == "handed_over"})
+            self.ledger.mark_for_revisit(self.op_id, f"{len(taken)} host(s) taken over by {', '.join(by)}")
+            self.say(f"{self.domain.name}: taken over by {', '.join(by)}; coming back at the end of the run")
 
     def offboarded(self) -> list[str]:
         return sorted({h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "offboard" for h in r["hosts"]})

@@ -14,6 +14,7 @@ groups take, at run time, the domains that a job's dodge postponed (`max_dodges`
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta
 
@@ -49,8 +50,13 @@ def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dic
     """The six tasks of one stop; `where` is {"domain": name} or {"slot": "revisit_N" | "stop_N"}."""
     t = config.timeouts
 
+    # Retries outlive a fleet outage of `fleet_outage_s`: every step is idempotent, so a retry after
+    # the fleet is back re-attaches, and the teardown return still brings every host back.
+    delay = min(30.0, max(5.0, t.fleet_outage_s / 10))
+    retries = 2 + math.ceil(t.fleet_outage_s / delay)
+
     def step(cls, task_id: str, limit: float):
-        return cls(task_id=task_id, pool=config.pool, retries=2, retry_delay=timedelta(seconds=5),
+        return cls(task_id=task_id, pool=config.pool, retries=retries, retry_delay=timedelta(seconds=delay),
                    execution_timeout=timedelta(seconds=limit) + MARGIN, priority_weight=priority_weight,
                    **common, **where)
 

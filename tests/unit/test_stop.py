@@ -439,3 +439,39 @@ def test_skipping_checkpoints_records_the_cost(tmp_path):
     assert row["reason"].startswith("CVE-2026-1234 actively exploited; GPU-hours at risk: ")
     cost = ledger.detail(e.op_id)["checkpoint_skipped"]["gpu_hours_at_risk"]
     assert set(cost) == set(jobs) and all(v > 0 for v in cost.values())
+
+
+def test_an_emergency_takes_over_a_stop_that_has_not_drained_yet(tmp_path):
+    cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
+    a = stop()
+    assert a.take().granted  # leased, still serving: the train waits for checkpoints
+    e = emergency("pod-a")
+    assert e.take().granted
+    assert ledger.holdings() == {h: e.op_id for h in cfg.domain("pod-a").hosts}
+    assert a.drain() == {"drained": 0}  # the train touches nothing of the emergency's
+    full_stop_after_take(e, clock)
+    assert fleet.audit()["refusals"] == [] and ledger.holdings() == {}
+
+
+def test_a_train_comes_back_for_a_domain_an_emergency_took_over(tmp_path):
+    cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
+    a = stop()
+    assert a.take().granted
+    wait_checkpoints(a, clock)
+    e = emergency("pod-a")
+    assert e.take().granted
+    a.drain(), a.upgrade(), a.check()
+    assert a.return_hosts()["returned"] == 0
+    assert ledger.operation(a.op_id)["state"] == "dodged"
+    full_stop_after_take(e, clock)
+    claimed = ledger.claim_dodged("t/run1/", "revisit_1")
+    assert claimed["id"] == a.op_id
+    again = stop()
+    again.revisit = True
+    assert again.take().granted
+    _jobs, since = again.request_checkpoints()
+    assert since > 1000  # a fresh request, not the first attempt's
+    full_stop_after_take(again, clock)
+    for h in fleet.hosts(cfg.domain("pod-a").hosts):
+        assert h.state == HostState.SERVING and h.versions["fabric-manager"] == "570.86.15"
+    assert fleet.audit()["unverified_returns"] == [] and fleet.audit()["refusals"] == []

@@ -153,6 +153,9 @@ class AuditReport(Body):
     max_lost_s: float
     returns: list[ReturnRecord]
     unverified_returns: list[str]
+    refusals: list[dict[str, Any]] = Field(
+        default_factory=list, description="calls refused because the host was in another state or held by another op"
+    )
     installs: list[InstallCount]
     stops: list[StopRecord]
     work_seconds: float = Field(description="sum of the stops' work_s in real seconds (divided by speed)")

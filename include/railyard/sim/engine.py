@@ -221,6 +221,7 @@ class SimEngine:
         self._samples: list[dict[str, Any]] = []
         self._interruptions: list[dict[str, Any]] = []
         self._returns: list[dict[str, Any]] = []
+        self._refusals: list[dict[str, Any]] = []  # in memory only: since this process started
         self._installs: dict[tuple[str, str, str], int] = {}
         self._rows: list[tuple[str, float, dict[str, Any]]] = []  # audit rows not yet written
         self._dirty = False
@@ -276,7 +277,7 @@ class SimEngine:
             if h.operation == op and h.state in MAINTENANCE_STATES:
                 continue  # already out under this operation
             if h.state != HostState.SERVING or h.operation is not None:
-                raise FleetError(f"cannot drain {h.name}: {self._describe(h)}")
+                raise self._refuse(h, f"cannot drain {h.name}: {self._describe(h)}")
             todo.append(h)
         if not todo:
             return
@@ -303,7 +304,7 @@ class SimEngine:
         if not todo and h.operation == op and h.state in MAINTENANCE_STATES:
             return
         if h.state != HostState.DRAINED or h.operation != op:
-            raise FleetError(f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
         if not todo:
             return
         self._dirty = True
@@ -337,7 +338,7 @@ class SimEngine:
         ):
             return existing.public()
         if h.state != HostState.DRAINED or h.operation != op:
-            raise FleetError(f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
         self._dirty = True
         check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t, versions_at_start=dict(h.versions))
         self._checks[(h.name, op)] = check
@@ -364,7 +365,7 @@ class SimEngine:
             if h.state == HostState.SERVING or (h.state == HostState.RETURNING and h.operation == op):
                 continue
             if h.state not in (HostState.DRAINED, HostState.DRAINING) or h.operation != op:
-                raise FleetError(f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
+                raise self._refuse(h, f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
             todo.append(h)
         if not todo:
             return
@@ -387,7 +388,7 @@ class SimEngine:
         if h.state == HostState.REPAIR:
             return
         if h.operation not in (None, op):
-            raise FleetError(f"cannot offboard {host}: {self._describe(h)}")
+            raise self._refuse(h, f"cannot offboard {host}: {self._describe(h)}")
         self._dirty = True
         check = self._checks.get((h.name, op))
         if h.state == HostState.CHECKING and check is not None and check.status == "pending":
@@ -450,10 +451,10 @@ class SimEngine:
         self._check_op(from_op)
         self._check_op(to_op)
         for h in (self._host(n) for n in hosts):
-            if h.operation == to_op:
-                continue
+            if h.operation == to_op or (h.operation is None and h.state == HostState.SERVING):
+                continue  # already handed over, or not taken out yet: nothing to hand over here
             if h.operation != from_op:
-                raise FleetError(f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
+                raise self._refuse(h, f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
             h.operation = to_op
             self._dirty = True
 
@@ -511,6 +512,7 @@ class SimEngine:
             "max_lost_s": max((i["lost_s"] for i in self._interruptions), default=0.0),
             "returns": [dict(r) for r in self._returns],
             "unverified_returns": [r["host"] for r in self._returns if not r["verified"]],
+            "refusals": [dict(r) for r in self._refusals],
             "installs": [
                 {"host": h, "component": c, "version": v, "count": n} for (h, c, v), n in sorted(counts.items())
             ],
@@ -831,6 +833,13 @@ class SimEngine:
         if job is None:
             raise FleetNotFound(f"unknown job {job_id!r}")
         return job
+
+    def _refuse(self, h: _Host, message: str) -> FleetError:
+        """A call that would have touched a host in the wrong state or held by another operation:
+        refused, and kept in the audit (`refusals`), the oracle for 'never two operations on a host'."""
+        self._refusals.append({"t": self._t, "host": h.name, "holder": h.operation, "state": str(h.state),
+                               "message": message})
+        return FleetError(message)
 
     @staticmethod
     def _check_op(op: str) -> None:

@@ -6,6 +6,7 @@ re-attach to what is in flight instead of starting it again.
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from typing import Any
 
@@ -45,6 +46,7 @@ class DomainStopOperator(BaseOperator):
         return stop
 
     def execute(self, context: Any) -> Any:
+        self.log.info("railyard task pid %d", os.getpid())  # fault tests find the process by it
         stop = self.stop_for(context)
         try:
             result = self.run(stop)

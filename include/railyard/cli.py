@@ -55,6 +55,92 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
+    """The fleet API at --fleet-url, RAILYARD_FLEET_URL, or the embedded simulator's port."""
+    import os
+
+    from railyard.fleet.http import HttpFleet
+
+    url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
+        or f"http://127.0.0.1:{cfg.simulator.port}"
+    return HttpFleet(url, retries=1, connect_timeout=2)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """Phases of releases: list them, or promote / halt / resume one with a reason (audited)."""
+    import getpass
+    import time
+
+    from railyard.fleet.port import FleetError
+    from railyard.ledger import Ledger
+    from railyard.releases import ReleaseError, Rollout
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    rollout = Rollout(cfg, Ledger(cfg.ledger.url))
+    if args.action != "list":
+        if not args.id:
+            print(f"release {args.action}: name the release (value: None)", file=sys.stderr)
+            return 2
+        try:
+            now = _fleet(args, cfg).now()
+        except FleetError:
+            now = time.time()  # the fleet is not reachable: phase start on the wall clock
+        try:
+            rollout.act(args.action, args.id, reason=args.reason or "", actor=args.actor or getpass.getuser(), now=now)
+        except ReleaseError as exc:
+            print(f"release {args.action}: {exc}", file=sys.stderr)
+            return 2
+    for r in rollout.table():
+        print(f"{r['release']:<20} {r['component']:<16} {r['version']:<18} {r['phase']:<7} "
+              f"{r['hosts_admitted']:>6} host(s)" + (f"  HALTED: {r['reason']}" if r["halted"] else ""))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """What the next run of a train would do; touches nothing. Exit 3 when a rule would be broken."""
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.releases import describe_plan, plan_train
+
+    try:
+        cfg = load_config(args.config)
+        train = cfg.train(args.train)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except KeyError as exc:
+        print(f"plan: {exc.args[0]}", file=sys.stderr)
+        return 2
+    p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
+    print(json.dumps(p, indent=1) if args.json else describe_plan(p))
+    return 3 if p["violations"] else 0
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    """Versions in the fleet per component, domain and SKU; converged fraction; oldest version's age."""
+    import json
+
+    from railyard.releases import describe_drift, drift, drift_chart
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    fleet = _fleet(args, cfg)
+    d = drift(cfg, fleet.hosts(), fleet.now())
+    print(json.dumps(d, indent=1) if args.json else describe_drift(d))
+    if args.png:
+        drift_chart(d, args.png)
+        print(f"chart written to {args.png}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from railyard.demo import main as demo_main
 
@@ -84,6 +170,31 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--actor", help="who (default: the current user)")
     f.add_argument("--config", help="config file (default: RAILYARD_CONFIG or include/config/railyard.yaml)")
     f.set_defaults(func=cmd_freeze)
+
+    cfg_help = "config file (default: RAILYARD_CONFIG or include/config/railyard.yaml)"
+    url_help = "fleet API (default: RAILYARD_FLEET_URL or the simulator's port on 127.0.0.1)"
+    r = sub.add_parser("release", help="rollout phases: list, or promote/halt/resume a release with a reason")
+    r.add_argument("action", choices=["list", "promote", "halt", "resume"])
+    r.add_argument("id", nargs="?", help="release id")
+    r.add_argument("--reason", help="why (required; recorded in the ledger's audit)")
+    r.add_argument("--actor", help="who (default: the current user)")
+    r.add_argument("--config", help=cfg_help)
+    r.add_argument("--fleet-url", help=url_help)
+    r.set_defaults(func=cmd_release)
+
+    pl = sub.add_parser("plan", help="what the next run of a train would do, touching nothing")
+    pl.add_argument("train")
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--config", help=cfg_help)
+    pl.add_argument("--fleet-url", help=url_help)
+    pl.set_defaults(func=cmd_plan)
+
+    dr = sub.add_parser("drift", help="version drift per component, domain and SKU (text, --json, --png)")
+    dr.add_argument("--json", action="store_true")
+    dr.add_argument("--png", help="write a chart to this PNG file")
+    dr.add_argument("--config", help=cfg_help)
+    dr.add_argument("--fleet-url", help=url_help)
+    dr.set_defaults(func=cmd_drift)
 
     d = sub.add_parser("demo", help="run the demo train on Airflow against the simulator")
     d.add_argument("--once", action="store_true", help="exit after the train ends (as RAILYARD_DEMO_ONCE=1)")

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from railyard.compat import Rule, parse_rule
 from railyard.models import Strict, Token, check_token
 from railyard.recipes import CommandTemplate
 from railyard.slurm.config import SlurmSpec
@@ -57,12 +58,43 @@ class ComponentSpec(Strict):
     install: CommandTemplate | None = Field(default=None, description="install command template (ssh backend)")
     verify: CommandTemplate | None = Field(default=None, description="prints the installed version (ssh backend)")
     timeout_s: float = Field(default=3600, gt=0, description="real seconds one install may run on a host")
+    versions: dict[Token, date] = Field(default_factory=dict, description="known versions and their release "
+                                        "dates (the catalog; drift reports the age of old ones)")
+
+
+class RolloutSpec(Strict):
+    """canary -> staged -> fleet. A phase is promoted when its hosts are done, have soaked `soak_s`
+    (fleet clock) and failed at most `max_failure_rate`; above that rate the release halts."""
+
+    canary_domains: list[Token] = Field(default_factory=list, description="default: the first domain")
+    canary_hosts: list[Token] = Field(default_factory=list)
+    staged_fraction: float = Field(default=0.25, gt=0, lt=1, description="of the fleet, canary hosts first")
+    soak_s: float = Field(default=3600, ge=0)
+    max_failure_rate: float = Field(default=0.2, ge=0, le=1)
+    auto_promote: bool = True
 
 
 class ReleaseSpec(Strict):
     id: Token
     component: Token
     version: Token
+    released: date | None = None
+    rollout: RolloutSpec | None = Field(default=None, description="phases; none = the whole fleet at once")
+
+
+class CompatibilitySpec(Strict):
+    """Rules between components (railyard.compat) and the install order of coupled ones in a visit."""
+
+    rules: list[str] = Field(default_factory=list)
+    order: list[Token] = Field(default_factory=list)
+
+
+class JobStackSpec(Strict):
+    """What jobs ship in their images (e.g. a CUDA version) and the host stack it needs."""
+
+    name: Token
+    needs: list[str] = Field(min_length=1, description="conditions 'COMPONENT OP VERSION'")
+    target: float = Field(default=0.9, gt=0, le=1, description="fleet-ready at this fraction of hosts")
 
 
 class DomainSpec(Strict):
@@ -290,6 +322,8 @@ class RailyardConfig(Strict):
     estimates: EstimatesSpec = EstimatesSpec()
     escalation: EscalationSpec = EscalationSpec()
     emergency: EmergencySpec = EmergencySpec()
+    compatibility: CompatibilitySpec = CompatibilitySpec()
+    job_stacks: list[JobStackSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:
@@ -362,9 +396,63 @@ class RailyardConfig(Strict):
                     f"({len(largest.hosts)} hosts); one domain must fit in the maintenance buffer"
                     + (f" of pool {sku!r}" if len(skus) > 1 else "")
                 )
+        problems += self._release_problems()
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _release_problems(self) -> list[str]:
+        """Rules, rollouts and job stacks; a catalog that splits an `equals` pair is refused here."""
+        problems: list[str] = []
+        comps = {c.name for c in self.components}
+        dom_ids = {d.name for d in self.domains}
+        owner = self.host_domain()
+        for i, text in enumerate(self.compatibility.rules):
+            try:
+                parse_rule(text, comps)
+            except ValueError as exc:
+                problems.append(f"compatibility.rules[{i}]: {exc} (value: {text!r})")
+        for i, c in enumerate(self.compatibility.order):
+            if c not in comps:
+                problems.append(f"compatibility.order[{i}]: unknown component {c!r}")
+        for i, js in enumerate(self.job_stacks):
+            for j, need in enumerate(js.needs):
+                try:
+                    parse_rule(f"{need} requires {need}", comps)
+                except ValueError as exc:
+                    problems.append(f"job_stacks[{i}].needs[{j}]: {exc} (value: {need!r})")
+        for i, r in enumerate(self.releases):
+            if r.rollout is None:
+                continue
+            for j, d in enumerate(r.rollout.canary_domains):
+                if d not in dom_ids:
+                    problems.append(f"releases[{i}].rollout.canary_domains[{j}]: unknown domain {d!r}")
+            for j, h in enumerate(r.rollout.canary_hosts):
+                if h not in owner:
+                    problems.append(f"releases[{i}].rollout.canary_hosts[{j}]: unknown host {h!r}")
+        by_id = {r.id: r for r in self.releases}
+        for rule in self.rules():
+            if rule.kind != "equals":
+                continue
+            a, b = rule.components
+            for i, t in enumerate(self.trains):
+                carried = {by_id[x].component: by_id[x] for x in t.releases if x in by_id}
+                ra, rb = carried.get(a), carried.get(b)
+                if (ra is None) == (rb is None):
+                    if ra is not None and rb is not None and ra.version != rb.version:
+                        problems.append(f"trains[{i}].releases: rule {rule.text!r} would be broken: "
+                                        f"{ra.id!r} sets {a}={ra.version} but {rb.id!r} sets {b}={rb.version}")
+                    elif ra is not None and rb is not None and ra.rollout != rb.rollout:
+                        problems.append(f"trains[{i}].releases: rule {rule.text!r} would be broken between "
+                                        f"phases: {ra.id!r} and {rb.id!r} roll out differently (give both the "
+                                        "same rollout)")
+                    continue
+                one = ra or rb
+                other = b if ra is not None else a
+                problems.append(f"trains[{i}].releases: rule {rule.text!r} would be broken: {one.id!r} "  # type: ignore[union-attr]
+                                f"moves {one.component} to {one.version} without a release of {other!r} "  # type: ignore[union-attr]
+                                "in the same train")
+        return problems
 
     @model_validator(mode="after")
     def _ssh_checks(self) -> RailyardConfig:
@@ -394,6 +482,16 @@ class RailyardConfig(Strict):
 
     def component(self, name: str) -> ComponentSpec:
         return next(c for c in self.components if c.name == name)
+
+    def rules(self) -> list[Rule]:
+        comps = {c.name for c in self.components}
+        out = []
+        for text in self.compatibility.rules:
+            try:
+                out.append(parse_rule(text, comps))
+            except ValueError:
+                continue  # reported by validation
+        return out
 
     @property
     def total_hosts(self) -> int:

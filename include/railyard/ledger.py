@@ -114,6 +114,30 @@ visits = Table(
     Column("op_id", String(255), nullable=False),
 )
 
+# Rollout of each release (railyard.releases): its phase and whether it is halted, and the outcome of
+# every host it was applied to (fleet clock), which the phase gates judge.
+release_states = Table(
+    "release_states",
+    metadata,
+    Column("release", String(128), primary_key=True),
+    Column("phase", String(16), nullable=False),  # canary | staged | fleet
+    Column("halted", Integer, nullable=False, default=0),
+    Column("reason", Text, nullable=False, default=""),
+    Column("actor", String(255), nullable=False),
+    Column("promoted_at", Float, nullable=False),  # fleet clock when the phase began
+    Column("at", Float, nullable=False),  # wall clock of the last change
+)
+release_results = Table(
+    "release_results",
+    metadata,
+    Column("release", String(128), primary_key=True),
+    Column("host", String(128), primary_key=True),
+    Column("op_id", String(255), primary_key=True),
+    Column("passed", Integer, nullable=False),
+    Column("reason", Text, nullable=False, default=""),
+    Column("at", Float, nullable=False),  # fleet clock
+)
+
 # One row, bumped first in every lease-changing transaction: serialises writers on SQLite and
 # PostgreSQL alike, so the capacity check and the lease insert see the same world.
 ledger_lock = Table("ledger_lock", metadata, Column("id", Integer, primary_key=True), Column("n", Integer))
@@ -462,6 +486,36 @@ class Ledger:
                 else:
                     failed.update({h: r.reason for h in hosts})
         return len(leased), len(failed), [f"{h}: {why}" for h, why in sorted(failed.items())]
+
+    # ---- releases ----------------------------------------------------------------------------
+    def release_state(self, release: str) -> dict | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(release_states).where(release_states.c.release == release)).first()
+        return None if r is None else dict(r._mapping)
+
+    def set_release_state(self, release: str, *, phase: str, halted: bool, reason: str, actor: str,
+                          fleet_now: float, action: str, promoted: bool = False) -> None:
+        """Phase and halt of a release, with an audit row (`action`: release_promote, _halt, _resume...)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            old = c.execute(select(release_states).where(release_states.c.release == release)).first()
+            since = fleet_now if promoted or old is None else old.promoted_at
+            c.execute(release_states.delete().where(release_states.c.release == release))
+            c.execute(insert(release_states).values(release=release, phase=phase, halted=int(halted), reason=reason,
+                                                    actor=actor, promoted_at=since, at=time.time()))
+            _audit(c, actor, f"release/{release}", action, [], f"{phase}{' HALTED' if halted else ''}: {reason}")
+
+    def record_release_result(self, release: str, host: str, op_id: str, passed: bool, reason: str, at: float) -> None:
+        with self.engine.begin() as c:
+            c.execute(release_results.delete().where(release_results.c.release == release,
+                                                     release_results.c.host == host, release_results.c.op_id == op_id))
+            c.execute(insert(release_results).values(release=release, host=host, op_id=op_id, passed=int(passed),
+                                                     reason=reason, at=at))
+
+    def release_results(self, release: str) -> list[dict]:
+        with self.engine.connect() as c:
+            q = select(release_results).where(release_results.c.release == release).order_by(release_results.c.at)
+            return [dict(r._mapping) for r in c.execute(q)]
 
     # ---- records -----------------------------------------------------------------------------
     def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str], reason: str | None) -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from railyard import windows
+from railyard import releases, windows
 from railyard.config import DomainSpec, RailyardConfig, TrainSpec
 from railyard.fleet.port import Fleet
 from railyard.ledger import Budget, Decision, Ledger
@@ -51,10 +51,12 @@ def budget_for(config: RailyardConfig, sku: str | None = None) -> Budget:
     )
 
 
-def stop_estimate_s(config: RailyardConfig, targets: dict[str, str], hosts: list[Host]) -> float:
-    """Fleet seconds a stop should take: checkpoint, drain, the installs it needs, reboot, check, return."""
+def stop_estimate_s(config: RailyardConfig, targets: dict[str, str] | Callable[[Host], dict[str, str]],
+                    hosts: list[Host]) -> float:
+    """Fleet seconds a stop should take: checkpoint, drain, the installs it needs, reboot, check, return.
+    `targets` is one mapping for every host, or a function of the host (per-host rollout phases)."""
     e = config.estimates
-    needed = {s.component for h in hosts for s in pending_steps(targets, h)}
+    needed = {s.component for h in hosts for s in pending_steps(targets(h) if callable(targets) else targets, h)}
     comps = [config.component(c) for c in needed]
     installs = sum(c.duration_s for c in comps)
     reboot = e.reboot_s if any(c.reboot for c in comps) else 0.0
@@ -88,6 +90,7 @@ class Stop:
     scope: list[str] | None = None  # only these hosts of the domain (an emergency's host scope)
     skip_checkpoint_reason: str | None = None  # drain without waiting for checkpoints (cost recorded)
     domains_at_once: int = 1  # an emergency with large_scale may take more domains together
+    _host_targets: dict | None = field(default=None, init=False, repr=False)
 
     @property
     def hosts(self) -> list[str]:
@@ -96,6 +99,15 @@ class Stop:
     @property
     def targets(self) -> dict[str, str]:
         return self.config.train_targets(self.train)
+
+    def targets_for(self, host: str) -> dict[str, str]:
+        """What this stop brings `host` to: the train's releases that the host's rollout phase admits,
+        in apply order (railyard.releases); exactly `targets` when no rollout or rule is configured."""
+        if self.kind != "train_stop":
+            return self.targets
+        if self._host_targets is None:  # computed once per Stop; frozen in the ledger once the domain is held
+            self._host_targets = releases.stop_host_targets(self)
+        return self._host_targets.get(host, self.targets)
 
     @property
     def timeouts(self):  # noqa: ANN201
@@ -152,13 +164,17 @@ class Stop:
         fleet_hosts = self.fleet.hosts()
         mine = [h for h in fleet_hosts if h.domain == self.domain.name]
         workable = [h for h in mine if h.state not in BROKEN_STATES]
-        if not any(pending_steps(self.targets, h) for h in workable):
+        if not any(pending_steps(self.targets_for(h.name), h) for h in workable):
             self.ledger.record_visit(self.train.id, self.domain.name, now, self.op_id)
             return Decision("skip", f"every host of {self.domain.name} is already at target")
         dodge = self._dodge(now)
         if dodge is not None:
             return dodge
-        need = stop_estimate_s(self.config, self.targets, workable)
+        if self.config.compatibility.rules:
+            broken = releases.check_visit(self.config, workable, self.targets_for)
+            if broken:
+                return Decision("stop", f"{self.domain.name} refused before any host is touched: {'; '.join(broken)}")
+        need = stop_estimate_s(self.config, lambda h: self.targets_for(h.name), workable)
         ok, next_open = windows.fits(self.train.window, now, need)
         if not ok:
             when = f"; next window that fits opens {windows.iso(next_open)}" if next_open else ""
@@ -168,11 +184,15 @@ class Stop:
                 f"({windows.describe(self.train.window)}) at {windows.iso(now)}{when}",  # type: ignore[arg-type]
             )
         unavailable = [h.name for h in fleet_hosts if h.state in BROKEN_STATES]
-        return self.ledger.acquire_domain(
+        d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=list(self.domain.hosts),
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
             unavailable=unavailable, actor=self.actor,
         )
+        if d.granted and releases.shaped(self.config):
+            self._host_targets = None
+            self.targets_for(self.domain.hosts[0])  # freeze what each host gets, before it is touched
+        return d
 
     def _take_emergency(self) -> Decision:
         """An emergency ignores windows, freezes and dodges (its reason is on record), waits ahead of
@@ -296,8 +316,8 @@ class Stop:
             "waiting for work in flight"))
         started: list[str] = []
         for h in self.fleet.hosts(held):
-            if h.state == HostState.DRAINED and h.last_error is None and pending_steps(self.targets, h):
-                self.fleet.upgrade(h.name, pending_steps(self.targets, h), self.op_id)
+            if h.state == HostState.DRAINED and h.last_error is None and pending_steps(self.targets_for(h.name), h):
+                self.fleet.upgrade(h.name, pending_steps(self.targets_for(h.name), h), self.op_id)
                 started.append(h.name)
         if started:
             self.ledger.note(self.op_id, "upgrade", started, _fmt_targets(self.targets), actor=self.actor)
@@ -305,7 +325,7 @@ class Stop:
         def probe() -> tuple[bool, str]:
             now = self.fleet.hosts(held)
             busy = [h for h in now if h.state == HostState.UPGRADING]
-            done = sum(1 for h in now if h.state != HostState.UPGRADING and not pending_steps(self.targets, h))
+            done = sum(1 for h in now if h.state != HostState.UPGRADING and not pending_steps(self.targets_for(h.name), h))
             return not busy, f"upgraded {done}/{len(now)} ({len(busy)} installing)"
 
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
@@ -326,7 +346,7 @@ class Stop:
         todo = [h.name for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)]
         for name in todo:
             if self.ledger.verification(self.op_id, name) is None:
-                self.fleet.start_check(name, self.targets, self.op_id)
+                self.fleet.start_check(name, self.targets_for(name), self.op_id)
 
         def probe() -> tuple[bool, str]:
             res = self.fleet.check_results(todo, self.op_id) if todo else []
@@ -340,8 +360,9 @@ class Stop:
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
             if r.host not in still:
                 continue
-            ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in self.targets.items())
+            ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in self.targets_for(r.host).items())
             self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason)
+            releases.record_outcome(self, r.host, ok, r.reason or ("" if ok else "versions not at target"))
             if not ok:
                 self.offboard(r.host, f"health check failed: {r.reason or 'versions not at target'}")
                 failed.append(r.host)
@@ -364,7 +385,7 @@ class Stop:
         if v is None or not v[0]:
             return False
         seen = v[1]
-        return all(host.versions.get(c) == ver == seen.get(c) for c, ver in self.targets.items())
+        return all(host.versions.get(c) == ver == seen.get(c) for c, ver in self.targets_for(host.name).items())
 
     # ---- 6. return ----------------------------------------------------------------------------
     def return_hosts(self) -> dict:
@@ -444,12 +465,13 @@ class Stop:
         carries its evidence, and comes back only through the health gate."""
         self.fleet.offboard(host, reason, self.op_id)
         self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
+        releases.record_outcome(self, host, False, reason)
         self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
         if self.op_id.startswith("repair/"):
             return  # a repair whose gate failed keeps the host
         repair_op = f"repair/{host}/{self.op_id}"
         self.ledger.handover([host], self.op_id, repair_op, kind="repair", reason=reason, actor=self.actor,
-                             domain=self.domain.name, detail={"reason": reason, "targets": self.targets,
+                             domain=self.domain.name, detail={"reason": reason, "targets": self.targets_for(host),
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
 

@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-e2e bench lint stop clean
+.PHONY: demo test test-fast test-e2e faults bench lint stop clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
@@ -23,6 +23,10 @@ test-fast: $(STAMP)  ## everything but the end-to-end tier
 
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q -m e2e
+
+faults: $(STAMP)  ## the fault suite at the issue's full counts, with its summary of figures
+	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 \
+	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
 bench: $(STAMP)  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py

@@ -83,6 +83,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     sim: subprocess.Popen | None = None
     airflow: subprocess.Popen | None = None
+    extra: list[subprocess.Popen] = field(default_factory=list)  # components restarted by hand
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -171,7 +172,33 @@ class Stack:
         _wait("airflow standalone", timeout, healthy, self.airflow, log)
         _wait("airflow admin password", 30, lambda: self.password)
 
+    def kill_scheduler(self) -> int:
+        """SIGKILL the running scheduler (standalone's child, or one started by `restart_scheduler`)."""
+        import psutil
+
+        roots = [p for p in [self.airflow, *self.extra] if p is not None and p.poll() is None]
+        for root in roots:
+            for proc in [psutil.Process(root.pid), *psutil.Process(root.pid).children(recursive=True)]:
+                try:
+                    cmd = proc.cmdline()
+                except psutil.Error:
+                    continue
+                if len(cmd) >= 2 and cmd[-1] == "scheduler" and "airflow" in " ".join(cmd[:-1]):
+                    proc.kill()
+                    return proc.pid
+        raise StackError("no running scheduler found")
+
+    def restart_scheduler(self) -> None:
+        """Start a new `airflow scheduler` beside standalone's other components (same environment)."""
+        log = self.home / "scheduler-restarted.log"
+        self.extra.append(subprocess.Popen([str(BIN / "airflow"), "scheduler"], stdout=log.open("ab"),
+                                           stderr=subprocess.STDOUT, start_new_session=True, env=self.env(),
+                                           cwd=str(self.home)))
+
     def stop_airflow(self) -> None:
+        for p in self.extra:
+            _stop_group(p, grace=10)
+        self.extra.clear()
         _stop_group(self.airflow)
         self.airflow = None
 

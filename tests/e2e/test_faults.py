@@ -104,7 +104,11 @@ def test_a_viewer_cannot_trigger_an_emergency_and_the_attempt_is_audited(stack):
                       json={"logical_date": None, "conf": {"releases": ["driver-hotfix"], "domains": ["pod-a"],
                                                            "reason": "not allowed to do this"}})
     assert r.status_code == 403, r.text
-    rows = [x for x in ledger(stack).audit_rows() if x["action"] == "api_trigger" and x["actor"] == "viewer"]
+    rows: list = []
+    deadline = time.monotonic() + 15  # the api-server writes the audit row after it has answered
+    while not rows and time.monotonic() < deadline:
+        rows = [x for x in ledger(stack).audit_rows() if x["action"] == "api_trigger" and x["actor"] == "viewer"]
+        time.sleep(0.2)
     assert rows and "HTTP 403 (refused)" in rows[-1]["reason"] and "dag=railyard_emergency" in rows[-1]["reason"]
 
 
@@ -179,7 +183,12 @@ def test_clearing_and_marking_success_mid_stop_never_skips_the_health_gate(stack
     assert audit["unverified_returns"] == []  # no host came back without its check
     for h in fleet.hosts():
         assert h.state in (HostState.SERVING, HostState.REPAIR), h
-    rows = {r["action"] for r in ledger(stack).audit_rows(limit=100000) if r["actor"] == "admin"}
+    deadline = time.monotonic() + 15
+    while True:
+        rows = {r["action"] for r in ledger(stack).audit_rows(limit=100000) if r["actor"] == "admin"}
+        if {"api_trigger", "api_set_task_state", "api_clear"} <= rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert {"api_trigger", "api_set_task_state", "api_clear"} <= rows
 
 

@@ -36,7 +36,9 @@ lint: $(STAMP)
 
 stop:  ## stop what `make demo` started
 	@if [ -f .railyard/demo/pids ]; then \
-	  for pid in $$(cat .railyard/demo/pids); do kill -TERM -- -$$pid 2>/dev/null || true; done; \
+	  demo=$$(head -1 .railyard/demo/pids); kill -TERM $$demo 2>/dev/null || true; \
+	  for i in $$(seq 60); do kill -0 $$demo 2>/dev/null || break; sleep 1; done; \
+	  for pid in $$(tail -n +2 .railyard/demo/pids); do kill -TERM -- -$$pid 2>/dev/null || true; done; \
 	  rm -f .railyard/demo/pids; echo stopped; else echo "nothing to stop"; fi
 
 clean: stop

@@ -120,7 +120,8 @@ def main(once: bool = False) -> int:
         fleet = stack.start_sim()
         print(f"starting airflow standalone on {stack.api} (about 30 s) ...", flush=True)
         stack.start_airflow()
-        (home / "pids").write_text(f"{stack.airflow.pid}\n{stack.sim.pid}\n")  # type: ignore[union-attr]
+        # `make stop`: TERM to this process (it stops what it started), then to the groups it started
+        (home / "pids").write_text(f"{os.getpid()}\n{stack.airflow.pid}\n{stack.sim.pid}\n")  # type: ignore[union-attr]
         stack.ensure_pool()
         print(f"UI: {stack.api}  login: admin / {stack.password}", flush=True)
         print(f"triggering train {train_id!r} ...", flush=True)

@@ -23,6 +23,7 @@ from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 from railyard.config import RailyardConfig, config_path, load_config
 from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
+from railyard_airflow.operators.release import ReleaseActionOperator
 from railyard_airflow.operators.repair import RepairGateOperator
 from railyard_airflow.operators.report import CycleReportOperator
 from railyard_airflow.operators.stop import (
@@ -86,6 +87,7 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
         catchup=False,
         max_active_runs=1,
         tags=["railyard", "train"],
+        params={"dry_run": Param(False, type="boolean", description="show the plan in the first task; touch nothing")},
         default_args={"retries": 0, "on_failure_callback": notifier},
         doc_md=f"Releases: {', '.join(train.releases)}. Domains: "
         + ", ".join(d.name for d in config.train_domains(train)),
@@ -152,6 +154,33 @@ def build_emergency_dag(path: str | None = None) -> DAG:
             take, _check, _ret = _stop_group(f"stop_{i}", "a stop of the plan", config, common,
                                              {"slot": f"stop_{i}"}, priority_weight=100)
             first >> take
+    return dag
+
+
+def build_release_dag(path: str | None = None) -> DAG:
+    """Triggered by hand: promote, halt or resume a release, with a reason; audited with the user."""
+    p = str(config_path(path))
+    config = load_config(p)
+    params = {
+        "release": Param(config.releases[0].id, type="string", enum=[r.id for r in config.releases],
+                         description="the release"),
+        "action": Param("halt", type="string", enum=["promote", "halt", "resume"],
+                        description="promote to the next phase, halt (trains stop applying it) or resume"),
+        "reason": Param(None, type=["null", "string"], description="why (required; at least 10 characters)"),
+    }
+    with DAG(
+        dag_id="railyard_releases",
+        description="Promote, halt or resume a release's rollout",
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["railyard", "release"],
+        params=params,
+        doc_md="Phases: canary -> staged -> fleet. `railyard release list` shows where each release is.",
+    ) as dag:
+        ReleaseActionOperator(task_id="apply", fleet_conn_id=config.fleet.connection, config_path=p,
+                              execution_timeout=timedelta(minutes=2))
     return dag
 
 

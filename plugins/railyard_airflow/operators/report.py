@@ -1,4 +1,6 @@
-"""CycleReportOperator: the first task of every train run — when each domain was last visited."""
+"""CycleReportOperator: the first task of every train run — when each domain was last visited, the
+plan of this run (releases per host, order, estimate, lowest capacity) and the fleet's version drift.
+A plan that would break a compatibility rule fails here, before any stop starts."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from railyard.config import config_path
 from railyard.escalate import escalate, overdue_domains
+from railyard.releases import describe_drift, describe_plan, drift, plan_train
 from railyard_airflow.context import config, ledger
 from railyard_airflow.hooks.fleet import FleetHook
 
@@ -42,4 +46,12 @@ class CycleReportOperator(BaseOperator):
             names = ", ".join(o["domain"] for o in overdue)
             escalate(cfg, led, kind="cycle_overdue", summary=f"train {self.train_id}: overdue for its cycle: {names}",
                      train=self.train_id, run_id=context.get("run_id"), overdue=overdue)
-        return {"overdue": [o["domain"] for o in overdue]}
+        fleet = self.hook.get_conn()
+        p = plan_train(cfg, cfg.train(self.train_id), fleet, led)
+        self.log.info("plan%s:\n%s", " (DRY RUN: nothing will be touched)" if (context.get("params") or {})
+                      .get("dry_run") else "", describe_plan(p))
+        self.log.info("%s", describe_drift(drift(cfg, fleet.hosts(), now)))
+        if p["violations"]:
+            raise AirflowFailException("plan refused before any host is touched: " + "; ".join(p["violations"]))
+        return {"overdue": [o["domain"] for o in overdue], "plan": {k: p[k] for k in (
+            "domains", "hosts_to_upgrade", "hosts_visited", "estimate_s", "lowest_serving_fraction")}}

@@ -88,6 +88,8 @@ class BufferCapacitySensor(_StopSensor):
         return self._outcome(d.outcome, d.reason)
 
     def execute(self, context: Any) -> Any:
+        if (context.get("params") or {}).get("dry_run"):
+            raise AirflowSkipException("dry run: the plan is in the first task; nothing touched")
         if not self.deferrable:
             return super().execute(context)
         started = time.time()

@@ -7,18 +7,17 @@ re-attach to what is in flight instead of starting it again.
 from __future__ import annotations
 
 import os
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException
 
 from railyard.stop import Stop, StopError
-from railyard_airflow.context import make_stop
 from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.mixins import StopTaskMixin
 
 
-class DomainStopOperator(BaseOperator):
+class DomainStopOperator(StopTaskMixin, BaseOperator):
     """Base: knows its train, its domain (or revisit slot) and its fleet; subclasses implement `run`."""
 
     template_fields = ("train_id", "domain")
@@ -33,17 +32,6 @@ class DomainStopOperator(BaseOperator):
         self.slot = slot
         self.fleet_conn_id = fleet_conn_id
         self.config_path = config_path
-
-    @cached_property
-    def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
-
-    def stop_for(self, context: Any) -> Stop:
-        stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
-                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path, slot=self.slot)
-        if stop is None:
-            raise AirflowSkipException(f"{self.slot}: no postponed domain to revisit in this run")
-        return stop
 
     def execute(self, context: Any) -> Any:
         self.log.info("railyard task pid %d", os.getpid())  # fault tests find the process by it

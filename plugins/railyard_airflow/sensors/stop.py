@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
@@ -16,12 +15,12 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from railyard.config import config_path
 from railyard.stop import Stop, StopError
-from railyard_airflow.context import make_stop
 from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.mixins import StopTaskMixin
 from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
 
 
-class _StopSensor(BaseSensorOperator):
+class _StopSensor(StopTaskMixin, BaseSensorOperator):
     template_fields = ("train_id", "domain")
 
     def __init__(self, *, train_id: str, domain: str | None = None, slot: str | None = None,
@@ -39,17 +38,6 @@ class _StopSensor(BaseSensorOperator):
         self.wait_s = wait_s
         self.poll_s = poll_s
         self.deferrable = deferrable
-
-    @cached_property
-    def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
-
-    def stop_for(self, context: Any) -> Stop:
-        stop = make_stop(train_id=self.train_id, domain=self.domain, run_id=context["run_id"],
-                         fleet=self.hook.get_conn(), say=self.log.info, path=self.config_path, slot=self.slot)
-        if stop is None:
-            raise AirflowSkipException(f"{self.slot}: no postponed domain to revisit in this run")
-        return stop
 
     def trigger_kwargs(self, context: Any, stop: Stop, started: float) -> dict[str, Any]:
         return dict(train_id=self.train_id, domain=stop.domain.name, slot=self.slot, run_id=context["run_id"],

@@ -63,6 +63,11 @@ def stack(tmp_path_factory):
 
 
 def fresh_fleet(stack: Stack):
+    """A new simulated fleet, every host serving: the repairs an earlier test left in the ledger
+    are closed too, or the ledger would (rightly) keep those hosts out."""
+    led = ledger(stack)
+    for op in sorted({op for op in led.holdings().values() if op.startswith("repair/")}):
+        led.release(op, actor="test", reason="fresh fleet for the next trial")
     stack.stop_sim()
     return stack.start_sim(fresh=True)
 

@@ -25,7 +25,7 @@ test-e2e: $(STAMP)
 	$(BIN)/pytest -q -m e2e
 
 faults: $(STAMP)  ## the fault suite at the issue's full counts, with its summary of figures
-	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 \
+	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
 bench: $(STAMP)  ## figures, side by side with their baselines

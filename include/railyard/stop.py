@@ -316,6 +316,8 @@ class Stop:
             "waiting for work in flight"))
         started: list[str] = []
         for h in self.fleet.hosts(held):
+            if h.name not in self.ledger.holdings(self.op_id):
+                continue  # taken over meanwhile (an emergency): not ours to touch any more
             if h.state == HostState.DRAINED and h.last_error is None and pending_steps(self.targets_for(h.name), h):
                 self.fleet.upgrade(h.name, pending_steps(self.targets_for(h.name), h), self.op_id)
                 started.append(h.name)
@@ -345,6 +347,8 @@ class Stop:
         names = hosts if hosts is not None else held
         todo = [h.name for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)]
         for name in todo:
+            if name not in self.ledger.holdings(self.op_id):
+                continue  # taken over meanwhile
             if self.ledger.verification(self.op_id, name) is None:
                 self.fleet.start_check(name, self.targets_for(name), self.op_id)
 

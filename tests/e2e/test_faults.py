@@ -88,7 +88,12 @@ def wait_task(stack: Stack, dag: str, run: str, task: str, states=("running",), 
 def assert_fleet_whole(stack: Stack, fleet, *, hotfix_domains=()) -> dict:
     audit = fleet.audit()
     assert audit["max_domains_out"] <= 1, audit["max_domains_out"]
-    assert audit["refusals"] == [], audit["refusals"]  # never a call on a host held by another operation
+    # Never two operations on one host: the fleet refuses a call on a host another operation holds.
+    # The only refusals allowed are a train's step racing the emergency that just took its hosts over
+    # (the train held them when its step began); any other refusal is a collision.
+    for r in audit["refusals"]:
+        assert str(r["holder"]).startswith("emergency/") and str(r["op"]).startswith("nightly/"), r
+    assert len(audit["refusals"]) <= 2 * len(fleet.hosts()), audit["refusals"]
     assert audit["unverified_returns"] == []
     assert all(i["count"] == 1 for i in audit["installs"]), audit["installs"]  # nothing installed twice
     cfg = stack.config
@@ -145,7 +150,8 @@ def test_train_and_emergency_together_never_collide(stack):
                      and runs[TRAIN] in (r["op_id"] or "")]
         SUMMARY.setdefault("concurrent_trials", []).append(
             {"trial": trial, "jitter_s": round(jitter, 3), "first": first, "wall_s": round(wall, 1),
-             "max_domains_out": audit["max_domains_out"], "hosts_handed_over": len(handovers)})
+             "max_domains_out": audit["max_domains_out"], "hosts_handed_over": len(handovers),
+             "refused_racing_calls": len(audit["refusals"])})
 
 
 def _task_pid(stack: Stack, dag: str, run: str, task: str) -> int:

@@ -277,7 +277,7 @@ class SimEngine:
             if h.operation == op and h.state in MAINTENANCE_STATES:
                 continue  # already out under this operation
             if h.state != HostState.SERVING or h.operation is not None:
-                raise self._refuse(h, f"cannot drain {h.name}: {self._describe(h)}")
+                raise self._refuse(h, op, f"cannot drain {h.name}: {self._describe(h)}")
             todo.append(h)
         if not todo:
             return
@@ -304,7 +304,7 @@ class SimEngine:
         if not todo and h.operation == op and h.state in MAINTENANCE_STATES:
             return
         if h.state != HostState.DRAINED or h.operation != op:
-            raise self._refuse(h, f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, op, f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
         if not todo:
             return
         self._dirty = True
@@ -338,7 +338,7 @@ class SimEngine:
         ):
             return existing.public()
         if h.state != HostState.DRAINED or h.operation != op:
-            raise self._refuse(h, f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, op, f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
         self._dirty = True
         check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t, versions_at_start=dict(h.versions))
         self._checks[(h.name, op)] = check
@@ -365,7 +365,7 @@ class SimEngine:
             if h.state == HostState.SERVING or (h.state == HostState.RETURNING and h.operation == op):
                 continue
             if h.state not in (HostState.DRAINED, HostState.DRAINING) or h.operation != op:
-                raise self._refuse(h, f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
+                raise self._refuse(h, op, f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
             todo.append(h)
         if not todo:
             return
@@ -388,7 +388,7 @@ class SimEngine:
         if h.state == HostState.REPAIR:
             return
         if h.operation not in (None, op):
-            raise self._refuse(h, f"cannot offboard {host}: {self._describe(h)}")
+            raise self._refuse(h, op, f"cannot offboard {host}: {self._describe(h)}")
         self._dirty = True
         check = self._checks.get((h.name, op))
         if h.state == HostState.CHECKING and check is not None and check.status == "pending":
@@ -454,7 +454,7 @@ class SimEngine:
             if h.operation == to_op or (h.operation is None and h.state == HostState.SERVING):
                 continue  # already handed over, or not taken out yet: nothing to hand over here
             if h.operation != from_op:
-                raise self._refuse(h, f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
+                raise self._refuse(h, from_op, f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
             h.operation = to_op
             self._dirty = True
 
@@ -834,11 +834,11 @@ class SimEngine:
             raise FleetNotFound(f"unknown job {job_id!r}")
         return job
 
-    def _refuse(self, h: _Host, message: str) -> FleetError:
+    def _refuse(self, h: _Host, op: str, message: str) -> FleetError:
         """A call that would have touched a host in the wrong state or held by another operation:
         refused, and kept in the audit (`refusals`), the oracle for 'never two operations on a host'."""
-        self._refusals.append({"t": self._t, "host": h.name, "holder": h.operation, "state": str(h.state),
-                               "message": message})
+        self._refusals.append({"t": self._t, "host": h.name, "op": op, "holder": h.operation,
+                               "state": str(h.state), "message": message})
         return FleetError(message)
 
     @staticmethod

@@ -62,11 +62,12 @@ def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dic
                    **common, **where)
 
     with TaskGroup(group_id=group_id, tooltip=tooltip):
+        # the waits retry too: a transient error (fleet or ledger briefly busy) must not stop a train
+        waits = dict(priority_weight=priority_weight, retries=2, retry_delay=timedelta(seconds=5))
         take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=1.0,
-                                    trigger_rule=TriggerRule.NONE_FAILED, priority_weight=priority_weight,
-                                    **common, **where)
+                                    trigger_rule=TriggerRule.NONE_FAILED, **waits, **common, **where)
         ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=1.0,
-                                priority_weight=priority_weight, **common, **where)
+                                **waits, **common, **where)
         drain = step(DrainDomainOperator, "drain", t.drain_s)
         upgrade = step(UpgradeDomainOperator, "upgrade", t.upgrade_s)
         check = step(HealthCheckOperator, "health_check", t.check_s)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from railyard.config import RailyardConfig, config_path
 from railyard.stop import Stop
-from railyard_airflow.context import make_stop
+from railyard_airflow.context import config, make_stop
 from railyard_airflow.hooks.fleet import FleetHook
 
 
@@ -32,3 +34,21 @@ class StopTaskMixin:
         if stop is None:
             raise AirflowSkipException(f"{self.slot}: no stop for this slot in this run")
         return stop
+
+
+class FleetOperator(BaseOperator):
+    """Base of the single-task operators (plan, repair gate, release action, cycle report):
+    the fleet connection, the config path, the hook built lazily, and the config."""
+
+    def __init__(self, *, fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fleet_conn_id = fleet_conn_id
+        self.config_path = config_path
+
+    @cached_property
+    def hook(self) -> FleetHook:
+        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
+
+    def cfg(self) -> RailyardConfig:
+        return config(self.config_path or str(config_path()))

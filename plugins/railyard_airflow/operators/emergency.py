@@ -4,33 +4,20 @@ Nothing is touched before it passes; with dry_run it is the only thing that runs
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.config import config_path
 from railyard.emergency import EmergencyError, describe, parse_request, plan
-from railyard_airflow.context import config, emergency_run_op, ledger
-from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.context import emergency_run_op, ledger
+from railyard_airflow.mixins import FleetOperator
 
 
-class EmergencyPlanOperator(BaseOperator):
+class EmergencyPlanOperator(FleetOperator):
     ui_color = "#ffd6d6"
 
-    def __init__(self, *, fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fleet_conn_id = fleet_conn_id
-        self.config_path = config_path
-
-    @cached_property
-    def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
-
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = config(self.config_path or str(config_path()))
+        cfg = self.cfg()
         led = ledger(cfg.ledger.url)
         run_id = context["run_id"]
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "unknown"

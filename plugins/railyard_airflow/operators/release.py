@@ -5,33 +5,20 @@ the user who triggered it go to the ledger's audit, as from `railyard release`."
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.config import config_path
 from railyard.releases import ReleaseError, Rollout
-from railyard_airflow.context import config, ledger
-from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.context import ledger
+from railyard_airflow.mixins import FleetOperator
 
 
-class ReleaseActionOperator(BaseOperator):
+class ReleaseActionOperator(FleetOperator):
     ui_color = "#fff2cc"
 
-    def __init__(self, *, fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fleet_conn_id = fleet_conn_id
-        self.config_path = config_path
-
-    @cached_property
-    def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
-
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = config(self.config_path or str(config_path()))
+        cfg = self.cfg()
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "unknown"
         params = dict(context.get("params") or {})
         rollout = Rollout(cfg, ledger(cfg.ledger.url))

@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-e2e faults bench lint stop clean
+.PHONY: demo deps test test-fast test-e2e faults bench lint stop clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
@@ -12,19 +12,22 @@ $(STAMP): requirements.txt pyproject.toml
 	VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e .
 	@touch $@
 
+deps:  ## the Debian packages the tests need: installed if missing (as root), else the command to run
+	@bash scripts/setup-deps
+
 demo: $(STAMP)  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: exit when done)
 	$(BIN)/railyard demo
 
-test: $(STAMP)  ## every tier, the slow end-to-end one included
+test: deps $(STAMP)  ## every tier, the slow end-to-end one included
 	$(BIN)/pytest -q
 
-test-fast: $(STAMP)  ## everything but the end-to-end tier
+test-fast: deps $(STAMP)  ## everything but the end-to-end tier
 	$(BIN)/pytest -q -m "not e2e"
 
-test-e2e: $(STAMP)
+test-e2e: deps $(STAMP)
 	$(BIN)/pytest -q -m e2e
 
-faults: $(STAMP)  ## the fault suite at the issue's full counts, with its summary of figures
+faults: deps $(STAMP)  ## the fault suite at the issue's full counts, with its summary of figures
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 

@@ -26,6 +26,13 @@ class Verdict(Strict):
 
 NVIDIA_SMI_FIELDS = ("index", "name", "pci.bus_id", "driver_version", "ecc.errors.uncorrected.volatile.total")
 
+# The kernel log: `dmesg` first; journalctl's kernel messages of this boot only if dmesg fails (not
+# installed, or dmesg_restrict for a non-root user). The C locale keeps timestamps and messages in
+# the shapes `parse_xid` reads; sbin is added for the non-login shells of ssh; dmesg's error stays in
+# the output, so a host where neither could read the log says why.
+XID_COMMAND = ('LC_ALL=C; export LC_ALL; PATH="$PATH:/usr/sbin:/sbin"; export PATH; '
+               "dmesg || journalctl -k -q --no-pager -o short")
+
 
 def check_command(name: str, spec: HealthChecksSpec, gpus: int) -> str:
     """The fixed command line of a catalog check: only integers from the config go into it."""
@@ -36,13 +43,19 @@ def check_command(name: str, spec: HealthChecksSpec, gpus: int) -> str:
     if name == "nccl":
         return f"all_reduce_perf -b 1G -e 8G -f 2 -g {int(gpus)}"
     if name == "xid":
-        return "dmesg 2>/dev/null || journalctl -k -q --no-pager"
+        return XID_COMMAND
     raise ValueError(f"check {name!r} has no host command")
 
 
 def _tail(text: str, n: int = 300) -> str:
     text = text.strip()
     return text if len(text) <= n else "..." + text[-n:]
+
+
+def _seen(text: str, n: int = 160) -> str:
+    """The first `n` characters a check saw, quoted: what a verdict that could not see reports."""
+    text = text.strip()
+    return repr(text[:n]) + ("..." if len(text) > n else "") if text else "no output"
 
 
 # ---- nvidia-smi --query-gpu=... --format=csv,noheader -------------------------------------------
@@ -72,15 +85,27 @@ def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver:
                     problems.append(f"GPU {idx} has {n} uncorrected ECC errors")
         if expected_driver is not None and driver != expected_driver:
             problems.append(f"GPU {idx} driver {driver} (expected {expected_driver})")
+    ev = {"gpus": gpus, "expected_gpus": expected_gpus}
+    if not gpus:
+        return Verdict(check=name, passed=False, summary=f"nvidia-smi: no GPUs listed (exit {rc}): {_seen(text)}",
+                       evidence={**ev, "output": _tail(text)})
     if len(gpus) != expected_gpus:
         problems.insert(0, f"{len(gpus)} of {expected_gpus} GPUs visible")
-    ev = {"gpus": gpus, "expected_gpus": expected_gpus}
     if problems:
         return Verdict(check=name, passed=False, summary="nvidia-smi: " + "; ".join(problems[:4]), evidence=ev)
     return Verdict(check=name, passed=True, summary=f"nvidia-smi: {len(gpus)} GPUs, driver {gpus[0]['driver']}", evidence=ev)
 
 
 # ---- dcgmi diag -r N -j -------------------------------------------------------------------------
+_DCGM_RAN = frozenset({"pass", "passed", "fail", "failed", "error", "warn", "warning"})
+_DCGM_FAILED = frozenset({"fail", "failed", "error"})
+
+
+def _dcgm_status(value: Any) -> str:
+    """A result status ("Pass", "Fail", "Warn", "Skip", "Not Run", other spellings) as one lower-case word."""
+    return re.sub(r"[\s_-]+", "", str(value or "")).lower()
+
+
 def _warning_texts(result: dict[str, Any]) -> list[str]:
     out: list[str] = []
     w = result.get("warnings")
@@ -98,7 +123,11 @@ def _warning_texts(result: dict[str, Any]) -> list[str]:
 
 
 def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
-    """`dcgmi diag -r N -j`: DCGM 3.x ("DCGM GPU Diagnostic") and 4.x ("DCGM Diagnostic") layouts."""
+    """`dcgmi diag -r N -j`: DCGM 3.x ("DCGM GPU Diagnostic") and 4.x ("DCGM Diagnostic") layouts.
+
+    A test counts as run when at least one of its results is Pass, Warn or Fail; Skip and Not Run
+    saw nothing. A report in which no test ran fails ("0 tests run"), whatever the exit status.
+    """
     name = "dcgm"
     start, end = text.find("{"), text.rfind("}")
     try:
@@ -108,44 +137,95 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
     if not isinstance(doc, dict):
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: no JSON report (exit {rc}): {_tail(text, 160)}",
                        evidence={"rc": rc, "output": _tail(text)})
-    body = doc.get("DCGM GPU Diagnostic") or doc.get("DCGM Diagnostic") or {}
-    cats = body.get("test_categories") if isinstance(body, dict) else None
+    body = doc.get("DCGM GPU Diagnostic") or doc.get("DCGM Diagnostic")
+    body = body if isinstance(body, dict) else {}
+    meta = doc.get("metadata")
+    version = body.get("version") or (meta.get("version") if isinstance(meta, dict) else None)
+    runtime_error = body.get("runtime_error") or doc.get("runtime_error")
+    if isinstance(runtime_error, str) and runtime_error.strip():
+        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: {runtime_error.strip()[:200]} (exit {rc})",
+                       evidence={"rc": rc, "version": version, "output": _tail(text)})
+    cats = body.get("test_categories")
     if not isinstance(cats, list):
-        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: report has no test_categories",
-                       evidence={"rc": rc, "output": _tail(text)})
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: report has no test_categories (exit {rc}): {_seen(text)}",
+                       evidence={"rc": rc, "version": version, "output": _tail(text)})
     failures: list[str] = []
+    warnings: list[str] = []
+    not_run: list[str] = []
     tests_run = 0
     for cat in cats:
-        for test in (cat or {}).get("tests", []) or []:
-            tests_run += 1
-            for res in test.get("results", []) or []:
-                status = str(res.get("status", "")).lower()
-                if status in ("fail", "failed", "error"):
+        tests = cat.get("tests") if isinstance(cat, dict) else None
+        for test in tests if isinstance(tests, list) else []:
+            if not isinstance(test, dict):
+                continue
+            tname = str(test.get("name", "?"))
+            results = test.get("results")
+            ran = False
+            failed = False
+            for res in results if isinstance(results, list) else []:
+                if not isinstance(res, dict):
+                    continue
+                status = _dcgm_status(res.get("status"))
+                ran = ran or status in _DCGM_RAN
+                if status in _DCGM_FAILED:
+                    failed = True
                     gpu = res.get("gpu_ids", res.get("entity_id", "?"))
                     why = "; ".join(_warning_texts(res)) or "failed"
-                    failures.append(f"{test.get('name', '?')} on GPU {gpu}: {why}")
-    ev = {"tests": tests_run, "failures": failures, "version": body.get("version") if isinstance(body, dict) else None}
+                    failures.append(f"{tname} on GPU {gpu}: {why}")
+                elif status in ("warn", "warning"):
+                    warnings.append(f"{tname}: " + ("; ".join(_warning_texts(res)) or "warning"))
+            summary = test.get("test_summary")  # DCGM 4.x: the test's own status, next to its results
+            if isinstance(summary, dict) and _dcgm_status(summary.get("status")) in _DCGM_FAILED and not failed:
+                failures.append(f"{tname}: " + ("; ".join(_warning_texts(summary)) or "failed"))
+            if ran:
+                tests_run += 1
+            else:
+                not_run.append(tname)
+    ev = {"tests": tests_run, "not_run": not_run[:20], "failures": failures, "warnings": warnings[:10],
+          "version": version, "rc": rc}
     if failures:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: " + " | ".join(failures[:3]), evidence=ev)
+    if tests_run == 0:
+        listed = (f"{len(not_run)} listed, all skipped or not run: {', '.join(not_run[:5])}"
+                  + (", ..." if len(not_run) > 5 else "")) if not_run else "the report lists no tests"
+        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: 0 tests run ({listed}; exit {rc})",
+                       evidence={**ev, "output": _tail(text)})
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: exit {rc}", evidence=ev)
-    return Verdict(check=name, passed=True, summary=f"dcgmi diag -r {level}: {tests_run} tests passed", evidence=ev)
+    extra = (f", {len(not_run)} skipped" if not_run else "") + (f", {len(warnings)} warning(s)" if warnings else "")
+    return Verdict(check=name, passed=True, summary=f"dcgmi diag -r {level}: {tests_run} tests passed{extra}", evidence=ev)
 
 
 # ---- all_reduce_perf (nccl-tests) --------------------------------------------------------------
+_N = r"(?:\d+(?:\.\d*)?|N/A)"  # nccl-tests prints a figure it has not got as N/A
 _NCCL_ROW = re.compile(
     r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
-    r"\s+(?P<t1>[\d.]+)\s+(?P<alg1>[\d.]+)\s+(?P<bus1>[\d.]+)\s+(?P<wrong1>\S+)"
-    r"\s+(?P<t2>[\d.]+)\s+(?P<alg2>[\d.]+)\s+(?P<bus2>[\d.]+)\s+(?P<wrong2>\S+)\s*$"
+    rf"\s+(?P<t1>{_N})\s+(?P<alg1>{_N})\s+(?P<bus1>{_N})\s+(?P<wrong1>\S+)"
+    rf"\s+(?P<t2>{_N})\s+(?P<alg2>{_N})\s+(?P<bus2>{_N})\s+(?P<wrong2>\S+)\s*$"
 )
-_NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<bw>[\d.]+)")
+_NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<bw>\d+(?:\.\d*)?)")
+_NCCL_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<state>\w+)?")
+
+
+def _gbps(value: str) -> float:
+    """A bandwidth cell: its figure, 0.0 for N/A (no measurement is no bandwidth)."""
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
-    """Bus bandwidth at the largest message size (the NVLink/IB-bound figure) against the SKU floor."""
+    """Bus bandwidth at the largest message size (the NVLink/IB-bound figure) against the SKU floor.
+
+    Seen means at least one row with a bus bandwidth above 0, and one at the largest size; `#wrong`
+    N/A (no data check) is reported as unvalidated, never as correct.
+    """
     name = "nccl"
     rows = []
     avg = None
+    oob = None
     for line in text.splitlines():
         m = _NCCL_ROW.match(line)
         if m:
@@ -154,46 +234,86 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
         a = _NCCL_AVG.match(line.strip())
         if a:
             avg = float(a["bw"])
+        o = _NCCL_OOB.match(line.strip())
+        if o:
+            oob = (int(o["n"]), (o["state"] or "").upper())
     if not rows:
-        return Verdict(check=name, passed=False, summary=f"all_reduce_perf: no result rows (exit {rc}): {_tail(text, 160)}",
+        return Verdict(check=name, passed=False, summary=f"all_reduce_perf: no result rows (exit {rc}): {_seen(text)}",
                        evidence={"rc": rc, "output": _tail(text)})
+    measured = [m for m in rows if max(_gbps(m["bus1"]), _gbps(m["bus2"])) > 0]
+    if not measured:
+        cells = sorted({m[k] for m in rows for k in ("bus1", "bus2")})
+        return Verdict(check=name, passed=False,
+                       summary=f"all_reduce_perf: {len(rows)} result row(s), none with a bus bandwidth "
+                               f"(busbw {', '.join(cells)}; exit {rc})",
+                       evidence={"rc": rc, "rows": len(rows), "output": _tail(text)})
     last = max(rows, key=lambda m: int(m["size"]))
-    busbw = max(float(last["bus1"]), float(last["bus2"]))
-    wrong = [m["size"] for m in rows for w in (m["wrong1"], m["wrong2"]) if w not in ("0", "N/A")]
+    busbw = max(_gbps(last["bus1"]), _gbps(last["bus2"]))
+    wrongs = [(m["size"], w) for m in rows for w in (m["wrong1"], m["wrong2"])]
+    wrong = [size for size, w in wrongs if w not in ("0", "N/A")]
+    validated = all(w == "0" for _, w in wrongs)
     ev = {"size_bytes": int(last["size"]), "busbw_gbps": busbw, "avg_busbw_gbps": avg, "floor_gbps": floor_gbps,
-          "wrong_sizes": wrong}
+          "wrong_sizes": wrong, "validated": validated, "rows": len(rows), "rc": rc}
     if wrong:
         return Verdict(check=name, passed=False, summary=f"all_reduce_perf: wrong results at sizes {', '.join(wrong[:3])}", evidence=ev)
+    if oob is not None and (oob[0] > 0 or oob[1] not in ("", "OK")):
+        return Verdict(check=name, passed=False, summary=f"all_reduce_perf: {oob[0]} out-of-bounds values ({oob[1] or '?'})",
+                       evidence=ev)
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"all_reduce_perf: exit {rc}", evidence=ev)
+    if busbw <= 0:
+        return Verdict(check=name, passed=False,
+                       summary=f"all_reduce_perf: no bus bandwidth at the largest size {int(last['size'])} B "
+                               f"(busbw {last['bus1']} / {last['bus2']})", evidence=ev)
     if busbw < floor_gbps:
         return Verdict(check=name, passed=False,
                        summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s below floor {floor_gbps:.1f} GB/s "
                                f"at {int(last['size'])} B", evidence=ev)
-    return Verdict(check=name, passed=True, summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s", evidence=ev)
+    note = "" if validated else " (results not validated: #wrong N/A)"
+    return Verdict(check=name, passed=True, summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s{note}", evidence=ev)
 
 
 # ---- XID errors in the kernel log --------------------------------------------------------------
 _XID_RE = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9A-Fa-f:.]+)\): (?P<xid>\d+)(?:, (?P<detail>.*))?")
+# A line of the kernel log itself, as `XID_COMMAND` prints it: dmesg's `[    4.812345] ...` (or
+# `[Mon Jan  6 10:00:00 2025] ...` under -T, `kern  :info  : [...]` under -x, `<6>[...]` raw), or a
+# journalctl kernel line (`Jan  6 10:00:00 gpu-a01 kernel: ...`, -o short-iso, short-monotonic).
+_KERNEL_LINE = re.compile(
+    r"^(?:[a-z]+\s*:\s*[a-z]+\s*:\s*)?(?:<\d+>)?"
+    r"\[(?:\s*\d+\.\d+|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]"
+    r"|^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: "
+    r"|^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \S+ kernel: "
+)
 
 
 def parse_xid(text: str, rc: int, *, fatal: list[int] | tuple[int, ...]) -> Verdict:
+    """Fatal XIDs in the kernel log. Seen means at least one line shaped like the kernel log's own:
+    an unreadable log (dmesg_restrict, journalctl's hints, no output) fails with what came back."""
     name = "xid"
     seen: list[dict[str, Any]] = []
+    kernel_lines = 0
     for line in text.splitlines():
+        if _KERNEL_LINE.match(line):
+            kernel_lines += 1
         m = _XID_RE.search(line)
         if m:
             seen.append({"pci": m["pci"], "xid": int(m["xid"]), "detail": (m["detail"] or "").strip()[:160]})
     bad = [x for x in seen if x["xid"] in set(fatal)]
-    ev = {"xids": seen[-20:], "fatal": sorted(set(fatal))}
+    ev = {"xids": seen[-20:], "fatal": sorted(set(fatal)), "kernel_lines": kernel_lines, "rc": rc}
     if bad:
         first = bad[0]
         return Verdict(check=name, passed=False,
                        summary=f"XID {first['xid']} on {first['pci']}: {first['detail'] or 'fatal XID'}"
                                + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), evidence=ev)
-    if rc != 0 and not text.strip():
-        return Verdict(check=name, passed=False, summary=f"kernel log unreadable (exit {rc})", evidence=ev)
-    return Verdict(check=name, passed=True, summary=f"kernel log: {len(seen)} XID line(s), none fatal", evidence=ev)
+    if not kernel_lines:
+        return Verdict(check=name, passed=False, summary=f"kernel log not readable (exit {rc}): {_seen(text)}",
+                       evidence={**ev, "output": _tail(text)})
+    if rc != 0:
+        return Verdict(check=name, passed=False,
+                       summary=f"kernel log read failed (exit {rc}) after {kernel_lines} line(s): {_tail(text, 160)!r}",
+                       evidence={**ev, "output": _tail(text)})
+    return Verdict(check=name, passed=True,
+                   summary=f"kernel log: {kernel_lines} line(s), {len(seen)} XID line(s), none fatal", evidence=ev)
 
 
 # ---- versions ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from railyard.config import ConfigError, config_path, load_config
+from railyard.fleet.port import FleetError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -56,9 +57,25 @@ def cmd_freeze(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
-    """The fleet API at --fleet-url, RAILYARD_FLEET_URL, or the embedded simulator's port."""
+    """The config's fleet: `http` at --fleet-url, RAILYARD_FLEET_URL or the simulator's port; `ssh` and
+    `slurm` from the config, nodes reached with fleet.ssh's user, key_file and known_hosts."""
     import os
 
+    backend = cfg.fleet.backend
+    if backend == "slurm":
+        from railyard.slurm.fleet import fleet_from_config
+
+        return fleet_from_config(cfg)
+    if backend == "ssh":
+        from railyard.ssh.fleet import SshFleet
+        from railyard.ssh.runner import Credentials, paramiko_connector
+
+        ssh = cfg.fleet.ssh
+        missing = [n for n in ("user", "key_file", "known_hosts") if not getattr(ssh, n)]
+        if missing:
+            raise FleetError(f"fleet.ssh: {', '.join(missing)} not set; the CLI reaches the hosts with them")
+        creds = Credentials(str(ssh.user), str(ssh.key_file), str(ssh.known_hosts))
+        return SshFleet.from_config(cfg, paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s))
     from railyard.fleet.http import HttpFleet
 
     url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
@@ -71,7 +88,6 @@ def cmd_release(args: argparse.Namespace) -> int:
     import getpass
     import time
 
-    from railyard.fleet.port import FleetError
     from railyard.ledger import Ledger
     from railyard.releases import ReleaseError, Rollout
 
@@ -116,7 +132,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"plan: {exc.args[0]}", file=sys.stderr)
         return 2
-    p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
+    try:
+        p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
+    except FleetError as exc:
+        print(f"plan: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        return 4
     print(json.dumps(p, indent=1) if args.json else describe_plan(p))
     return 3 if p["violations"] else 0
 
@@ -132,8 +152,12 @@ def cmd_drift(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    fleet = _fleet(args, cfg)
-    d = drift(cfg, fleet.hosts(), fleet.now())
+    try:
+        fleet = _fleet(args, cfg)
+        d = drift(cfg, fleet.hosts(), fleet.now())
+    except FleetError as exc:
+        print(f"drift: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        return 4
     print(json.dumps(d, indent=1) if args.json else describe_drift(d))
     if args.png:
         drift_chart(d, args.png)

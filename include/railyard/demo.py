@@ -107,7 +107,14 @@ def main(once: bool = False) -> int:
     home = Path(os.environ.get("RAILYARD_DEMO_HOME", ROOT / ".railyard" / "demo"))
     port = int(os.environ.get("RAILYARD_AIRFLOW_PORT", "8080"))
     stack = Stack(home=home, airflow_port=port)
-    train_id = sorted(t.id for t in stack.config.trains)[0]
+    backend = stack.config.fleet.backend
+    if backend != "http":
+        # the demo drives (and reports on) the simulator it starts; it never starts one the train would not use
+        print(f"railyard demo: {stack.config_file} uses fleet.backend {backend!r}; the demo runs only the fleet "
+              "simulator (fleet.backend http). Run this config's train from Airflow: its DAG is "
+              f"railyard_train_<id>; `railyard plan TRAIN` and `railyard drift` read that fleet.", file=sys.stderr)
+        return 2
+    train_id = stack.config.trains[0].id  # the first train of the config, as written
     (home / "pids").parent.mkdir(parents=True, exist_ok=True)
 
     def on_signal(signum, _frame):  # noqa: ANN001

@@ -265,6 +265,7 @@ class Stop:
         jobs = [j for j in self.fleet.jobs(held) if j.state == "running"]
         if self.skip_checkpoint_reason:
             return [j.id for j in jobs], self._skip_checkpoints(jobs)
+        self._reserve()
         recorded = self.ledger.detail(self.op_id).get("checkpoint_requested_at")
         if recorded is None:
             at = self.fleet.request_checkpoint([j.id for j in jobs]) if jobs else self.fleet.now()
@@ -284,11 +285,53 @@ class Stop:
                              f"({', '.join(f'{k}={v}' for k, v in cost.items()) or 'no jobs'})", actor=self.actor)
         return float("-inf")
 
+    def _reserve(self) -> None:
+        """Fleets with reservations (Slurm) reserve the domain as soon as its lease is granted, and a
+        train's first visit reserves its later domains at their expected windows (a revisit or an
+        emergency only its own). The stop's return deletes its own; the run's end the rest."""
+        reserve = getattr(self.fleet, "reserve", None)
+        if reserve is None:
+            return
+        later: list[str] = []
+        if self.kind == "train_stop" and not self.revisit:
+            order = [d.name for d in self.config.train_domains(self.train)]
+            later = order[order.index(self.domain.name) + 1:] if self.domain.name in order else []
+        reserve(self.op_id, [self.domain.name, *later])
+
     def stale_jobs(self, since: float) -> list[str]:
-        """Running jobs on the domain whose last checkpoint is older than `since`."""
+        """Running jobs on the domain whose last checkpoint is older than `since`. A read: changes nothing."""
         if self.skip_checkpoint_reason:
             return []
         return sorted(j.id for j in self.fleet.jobs(self.held()) if j.state == "running" and j.last_checkpoint < since)
+
+    def _requeue_policy(self) -> float | None:
+        """`grace_s` when the fleet requeues jobs that stay silent (Slurm's `checkpoint.policy: requeue`)."""
+        slurm = self.config.fleet.slurm if self.config.fleet.backend == "slurm" else None
+        if slurm is None or slurm.checkpoint.policy != "requeue" or not hasattr(self.fleet, "requeue_silent"):
+            return None
+        return slurm.checkpoint.grace_s
+
+    def policy_due(self, since: float) -> list[str]:
+        """Silent jobs whose grace has run out under the requeue policy. A read (triggers call it)."""
+        grace = self._requeue_policy()
+        if grace is None or self.fleet.now() - since < grace:
+            return []
+        return self.stale_jobs(since)
+
+    def enforce_checkpoint_policy(self, since: float) -> list[str]:
+        """In the stop's checkpoint step only: requeue this domain's silent jobs once their grace has run
+        out, recording the work each loses. Returns the jobs requeued."""
+        due = self.policy_due(since)
+        if not due:
+            return []
+        grace = self._requeue_policy()
+        why = f"no checkpoint {grace:.0f}s after the request"
+        done = self.fleet.requeue_silent(due, self.op_id, why)  # type: ignore[attr-defined]
+        if done:
+            self.ledger.note(self.op_id, "checkpoint_policy_requeue", self.held(),
+                             f"{why}: requeued {', '.join(done)} (work since their last checkpoint lost)",
+                             actor=self.actor)
+        return list(done)
 
     # ---- 3. drain ------------------------------------------------------------------------------
     def drain(self) -> dict:
@@ -478,6 +521,17 @@ class Stop:
                              domain=self.domain.name, detail={"reason": reason, "targets": self.targets_for(host),
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
+
+
+def end_run(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: Ledger) -> list[str]:
+    """A run has ended (done, failed or halted): the reservations its stops made ahead for domains
+    that no operation now holds are deleted (fleets with reservations: Slurm). Idempotent."""
+    unreserve = getattr(fleet, "unreserve", None)
+    if unreserve is None:
+        return []
+    domain_of = config.host_domain()
+    held = {domain_of[h] for h in ledger.holdings() if h in domain_of}
+    return list(unreserve([d.name for d in config.train_domains(train) if d.name not in held]))
 
 
 def _fmt_targets(targets: dict[str, str]) -> str:

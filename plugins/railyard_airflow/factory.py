@@ -25,7 +25,7 @@ from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
 from railyard_airflow.operators.release import ReleaseActionOperator
 from railyard_airflow.operators.repair import RepairGateOperator
-from railyard_airflow.operators.report import CycleReportOperator
+from railyard_airflow.operators.report import CycleReportOperator, EndRunOperator
 from railyard_airflow.operators.stop import (
     DrainDomainOperator,
     HealthCheckOperator,
@@ -108,6 +108,10 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
+        if config.fleet.backend == "slurm":  # the only backend with reservations made ahead
+            # a teardown: it runs whatever failed, and the run's state stays that of its stops
+            end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
+            [*prev] >> end.as_teardown()
     return dag
 
 

@@ -54,7 +54,8 @@ def ssh_config(farm_hosts: dict, *, domains: int = 4, hosts_per_domain: int = 4,
     base["timeouts"] = {"poll_s": 0.1, "capacity_wait_s": 120, "checkpoint_wait_s": 60, "upgrade_s": 60,
                         "check_s": 60, "drain_s": 30, "return_s": 30}
     ssh: dict = {"hosts": farm_hosts, "connect_timeout_s": 5, "command_timeout_s": 20, "parallelism": parallelism,
-                 "reboot_command": "railyard-reboot {host}",
+                 "reboot_command": "railyard-reboot {host}", "boot_id_command": "railyard-boot-id",
+                 "reboot_timeout_s": 20,
                  "checks": {"dcgm_level": 2, "nccl_min_busbw_gbps": {"h100": 300}, "gpus_per_sku": {"h100": 8}}}
     for k, v in (("known_hosts", known_hosts), ("key_file", key_file), ("user", user), ("state_db", state_db)):
         if v is not None:

@@ -365,6 +365,7 @@ def slurm_config(cluster: SlurmCluster, state_dir: Path, *, trains: list[dict] |
                 "slurm_conf": str(cluster.conf),
                 "state_dir": str(state_dir),
                 "stop_window_s": 60,
+                "runner": "standin",
                 "standin": {"check_s": 1.0,
                             "initial_versions": {"gpu-driver": "550.127.08", "kernel": "6.1.0-25"}},
                 **slurm,

@@ -49,7 +49,11 @@ def run_stop(s: Stop) -> dict:
     try:
         _jobs, since = _retry(s.request_checkpoints)
         deadline = time.monotonic() + s.timeouts.checkpoint_wait_s
-        while _retry(lambda: s.stale_jobs(since)):
+        def stale() -> list[str]:  # the checkpoint sensor's poke: the policy first, then the read
+            s.enforce_checkpoint_policy(since)
+            return s.stale_jobs(since)
+
+        while _retry(stale):
             if time.monotonic() > deadline:
                 raise StopError("checkpoints did not come")
             time.sleep(s.timeouts.poll_s)

@@ -21,7 +21,8 @@ from pathlib import Path
 STANDINS = Path(__file__).resolve().parent / "standins"
 SSHD = "/usr/sbin/sshd"
 INITIAL_VERSIONS = {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
-PROFILES = ("healthy", "ecc", "missing_gpu", "slow_nvlink", "xid79", "dcgm_pcie", "install_fail", "install_hang")
+PROFILES = ("healthy", "ecc", "missing_gpu", "slow_nvlink", "xid79", "dcgm_pcie", "install_fail", "install_hang",
+            "no_reboot")
 
 
 def free_ports(n: int) -> list[int]:
@@ -69,6 +70,12 @@ class SshdHost:
     def version(self, component: str) -> str:
         return self.read(f"versions/{component}").strip()
 
+    def boot_id(self) -> str:
+        return self.read("boot_id").strip()
+
+    def reboots(self) -> int:
+        return len(self.read("reboots.log").splitlines())
+
 
 class SshdFarm:
     """N sshd servers on 127.0.0.1, one per host; `start()` returns once every one answers."""
@@ -107,6 +114,8 @@ class SshdFarm:
         (h.state / "profile").write_text(h.profile + "\n")
         for comp, ver in INITIAL_VERSIONS.items():
             (h.state / "versions" / comp).write_text(ver + "\n")
+        if not (h.state / "boot_id").exists():
+            (h.state / "boot_id").write_text(Path("/proc/sys/kernel/random/uuid").read_text())
         key = h.dir / "host_key"
         if not key.exists():
             _keygen(key)
@@ -170,6 +179,7 @@ class SshdFarm:
         self.wait_ready(10)
 
     def _kill(self, h: SshdHost) -> None:
+        self._kill_restarted(h)
         if h.proc is not None and h.proc.poll() is None:
             h.proc.send_signal(signal.SIGTERM)
             try:
@@ -179,7 +189,22 @@ class SshdFarm:
                 h.proc.wait(timeout=5)
         h.proc = None
 
+    def _kill_restarted(self, h: SshdHost) -> None:
+        """An sshd that a stand-in reboot started again (daemonized, known only by its pid file)."""
+        try:
+            pid = int((h.dir / "sshd.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if h.proc is not None and pid == h.proc.pid:
+            return
+        try:
+            if "sshd" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
     def stop(self) -> None:
+        time.sleep(0.1)
         for h in self.hosts.values():
             self._kill(h)
 

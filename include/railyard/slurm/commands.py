@@ -44,14 +44,28 @@ def check_arg(arg: str) -> str:
     return arg
 
 
+def is_write(argv: Sequence[str]) -> bool:
+    """Everything but `sinfo`, `squeue` and `scontrol show ...` changes the cluster."""
+    if not argv:
+        return False
+    if argv[0] in ("sinfo", "squeue"):
+        return False
+    return not (argv[0] == "scontrol" and len(argv) > 1 and argv[1] == "show")
+
+
 class SlurmCli:
-    """Runs `argv` where the config says; returns stdout, raises FleetError with Slurm's own words."""
+    """Runs `argv` where the config says; returns stdout, raises FleetError with Slurm's own words.
+
+    The one place every Slurm command passes: each write is logged and kept in `writes`, so a read
+    path can be proven to have changed nothing.
+    """
 
     def __init__(self, spec: SlurmSpec, *, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self.sleep = sleep
         self.clock = clock
+        self.writes: list[tuple[str, ...]] = []
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "SLURM_JWT"}  # the CLI must use munge
@@ -74,6 +88,9 @@ class SlurmCli:
     def run(self, *argv: str, retry: bool = True) -> str:
         for a in argv:
             check_arg(a)
+        if is_write(argv):
+            self.writes.append(tuple(argv))
+            log.info("slurm write: %s", " ".join(argv))
         cmd = self._wrap(argv)
         deadline = self.clock() + (self.spec.controller_wait_s if retry else 0)
         delay = 0.5

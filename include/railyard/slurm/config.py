@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from railyard.models import Strict, Token
+from railyard.recipes import CommandTemplate
+from railyard.ssh.spec import SshHostSpec
 
 
 class SlurmSshSpec(Strict):
@@ -35,11 +37,14 @@ class CheckpointPolicySpec(Strict):
     policy: Literal["wait", "requeue"] = "wait"
     grace_s: float = Field(default=300, gt=0)
     signal: Literal["USR1", "USR2"] = "USR1"
+    signal_to: Literal["full", "batch"] = Field(
+        default="full", description="full: every process of the job (batch shell and steps, `scancel --full`); "
+        "batch: the batch shell only (`--batch`)")
     interval_s: float = Field(default=1800, gt=0, description="the jobs' usual checkpoint cadence")
 
 
 class StandinSpec(Strict):
-    """The stand-in host runner: per-node component versions in files, realistic durations."""
+    """The stand-in host runner (tests only: installs nothing): per-node versions in files, realistic durations."""
 
     state_dir: str | None = Field(default=None, description="default: <fleet.slurm.state_dir>/standin")
     speed: float = Field(default=1.0, gt=0, description="component duration_s is divided by this")
@@ -86,8 +91,14 @@ class SlurmSpec(Strict):
     reserve_ahead: int | None = Field(default=None, ge=0, description="how many of the train's next domains to "
                                       "reserve at their expected windows; none = all of them")
     checkpoint: CheckpointPolicySpec = CheckpointPolicySpec()
-    runner: Literal["standin"] = "standin"
-    standin: StandinSpec = StandinSpec()
+    runner: Literal["ssh", "standin"] = Field(
+        default="ssh", description="ssh: installs and checks on the nodes over SSH (fleet.ssh: credentials, "
+        "recipes' reboot, checks); standin: installs nothing, for tests only, and must be written explicitly")
+    ssh_hosts: dict[Token, SshHostSpec] = Field(default_factory=dict, description="node -> SSH address/port; "
+                                                "nodes not listed use ssh_address, else their NodeAddr")
+    ssh_address: CommandTemplate | None = Field(default=None, description="address pattern of a node, "
+                                                "e.g. '{host}.ipmi.example.com'; variables: host")
+    standin: StandinSpec | None = None
     controller_wait_s: float = Field(default=120, ge=0, description="how long to ride out an unreachable slurmctld")
     command_timeout_s: float = Field(default=30, gt=0)
     domains_from: DomainRuleSpec | None = None
@@ -96,4 +107,14 @@ class SlurmSpec(Strict):
     def _ssh(self) -> SlurmSpec:
         if self.transport == "ssh" and self.ssh is None:
             raise ValueError("transport 'ssh' needs an 'ssh' section (host, key_file, known_hosts)")
+        if self.runner == "standin" and self.standin is None:
+            self.standin = StandinSpec()
+        if self.runner != "standin" and self.standin is not None:
+            raise ValueError("standin: only with runner: standin (the stand-in installs nothing; tests only)")
+        if self.ssh_address is not None:
+            from railyard.recipes import template_fields
+
+            extra = set(template_fields(self.ssh_address)) - {"host"}
+            if extra:
+                raise ValueError(f"ssh_address: unknown variable(s) {sorted(extra)} (only {{host}})")
         return self

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from railyard.models import check_token
+from railyard.slurm import parse
 from railyard.slurm.config import DomainRuleSpec
 
 
@@ -17,16 +18,17 @@ def derive_domains(nodes: list[dict], rule: DomainRuleSpec) -> dict[str, list[st
     """{domain: sorted node names} from `sinfo --json` node records; nodes that match nothing are left out."""
     out: dict[str, list[str]] = {}
     for n in nodes:
-        name = n.get("name") or ""
+        name = parse.node_name(n)
         domain: str | None = None
         if rule.pattern is not None:
             m = re.fullmatch(rule.pattern, name)
             domain = m.group("domain") if m else None
         elif rule.partition:
-            parts = n.get("partitions") or []
+            row = n.get("partition")  # a 23.02+ sinfo row names its partition
+            parts = n.get("partitions") or ([row["name"]] if isinstance(row, dict) and row.get("name") else [])
             domain = parts[0] if parts else None
         elif rule.feature_prefix is not None:
-            feats = [f for f in (n.get("features") or "").split(",") if f.startswith(rule.feature_prefix)]
+            feats = [f for f in parse.node_features(n) if f.startswith(rule.feature_prefix)]
             domain = feats[0][len(rule.feature_prefix):] if feats else None
         if domain:
             out.setdefault(check_token(domain), []).append(check_token(name))

@@ -1,22 +1,31 @@
 """`SlurmFleet`: the Fleet port over a real Slurm cluster.
 
-Reads come from `sinfo --json` / `squeue --json` (filtered here: 22.05 ignores filters with --json)
-and `scontrol show reservation -o`; changes go through `scontrol`/`scancel`, run by `SlurmCli`
-locally or on the controller over SSH. On-host work (upgrade, deep check) goes to a `HostRunner`.
+Reads come from `sinfo --json` / `squeue --json` (filtered here: 22.05 ignores filters with --json;
+every JSON shape from 22.05 to 25.x is read by `railyard.slurm.parse`) and `scontrol show
+reservation -o`. Reads never change anything: `hosts()`, `jobs()`, `capacity()` and
+`reservations()` run no Slurm write command, so a plan, a drift report, a dry run or a trigger's
+poll is safe. Changes go through `scontrol`/`scancel` in the write methods only, each recorded by
+`SlurmCli` (`cli.writes`). On-host work (upgrade, deep check) goes to a `HostRunner`: `SshRunner`
+by default (the same recipes, detached installs, reboot proof and check parsers as the ssh
+backend), the stand-in only when the config says `runner: standin` (tests).
 
 Ownership: Railyard drains with the reason `<prefix> op=<op token>` and resumes only nodes whose
 reason is exactly that for the operation at hand. A node drained or downed by anyone else (an admin,
 NHC, another tool) is reported FAILED with their reason and never touched.
 
-Jobs: a checkpoint request is `scancel --signal=USR1 --batch JOB`; the job proves a checkpoint by
-setting its own comment to `railyard_ckpt=<epoch seconds>` (`scontrol update jobid=$SLURM_JOB_ID
-comment=railyard_ckpt=$(date +%s.%N)`). At the drain its jobs are requeued (`scontrol requeue`).
-With the `requeue` policy a job still without a fresh checkpoint `grace_s` after the request is
-requeued anyway, and the work lost since its last checkpoint is recorded (`losses()`).
+Jobs: a checkpoint request is `scancel --signal=USR1 --full JOB` (every process of the job; or
+`--batch`, by config); the job proves a checkpoint by setting its own comment to
+`railyard_ckpt=<epoch seconds>`. At the drain its jobs are requeued (`scontrol requeue`). With the
+`requeue` policy, the stop's checkpoint step (never a read) requeues a job still without a fresh
+checkpoint `grace_s` after the request, and records the work lost (`losses()`).
 
-Health gate: a node Railyard holds stays out until it is returned here. If Slurm resumes it by
-itself (it clears DRAIN after a `scontrol reboot` when the reason is unchanged), the next read
-drains it again; the domain's MAINT reservation keeps jobs off it in between.
+Health gate: a node Railyard holds stays out until it is returned here. If Slurm resumes it by itself
+(it clears DRAIN after a `scontrol reboot` when the reason is unchanged), the stop's next write step
+drains it again (`enforce_gate`); the domain's MAINT reservation, made when the stop starts and
+deleted on return, keeps jobs off it in between.
+
+Node features `component=version` are written on return from the versions the passing health check
+read back on the host, never from a target.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ from typing import Any
 
 from railyard.config import RailyardConfig
 from railyard.fleet.port import FleetError, FleetNotFound
-from railyard.hosts.port import HostRunner
+from railyard.hosts.port import HostRunner, RunnerError
 from railyard.models import MAINTENANCE_STATES, Capacity, CheckResult, Host, HostState, Job, Step, check_token
+from railyard.slurm import parse
 from railyard.slurm.commands import SlurmCli, expand_hostlist
 from railyard.slurm.config import SlurmSpec
 from railyard.slurm.standin import StandinRunner, op_token
@@ -45,6 +55,8 @@ _BUSY = {"allocated", "mixed", "completing"}
 _DEAD = {"down", "error", "fail", "future", "unknown"}
 _RUNNING_JOB = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED"}  # all hold their nodes
 _PENDING_JOB = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+STANDIN_WARNING = ("fleet.slurm.runner is 'standin': NOTHING is installed or checked on the nodes "
+                   "(test stand-in); never use it on a real cluster")
 
 
 def _text(value: str, limit: int = 200) -> str:
@@ -65,18 +77,40 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def runner_from_config(config: RailyardConfig, spec: SlurmSpec, state_dir: Path) -> HostRunner:
+def standin_runner(config: RailyardConfig, spec: SlurmSpec, state_dir: Path) -> HostRunner:
     st = spec.standin
+    assert st is not None  # the config sets it with runner: standin
+    log.warning(STANDIN_WARNING)
     durations = {c.name: c.duration_s / st.speed for c in config.components}
     return StandinRunner(st.state_dir or state_dir / "standin", durations=durations, check_s=st.check_s,
                          initial_versions=st.initial_versions, fail_checks=st.fail_checks)
 
 
-def fleet_from_config(config: RailyardConfig) -> SlurmFleet:
+def fleet_from_config(config: RailyardConfig, connect: Any = None) -> SlurmFleet:
+    """The configured runner: SSH (credentials from `connect`, or fleet.ssh's user/key_file/known_hosts)
+    or, only when written explicitly, the stand-in."""
     spec = config.fleet.slurm or SlurmSpec()
     home = Path(os.environ.get("RAILYARD_HOME", ".railyard"))
     state_dir = Path(spec.state_dir) if spec.state_dir else home / "slurm"
-    return SlurmFleet(config, spec, runner_from_config(config, spec, state_dir), state_dir=state_dir)
+    if spec.runner == "standin":
+        return SlurmFleet(config, spec, standin_runner(config, spec, state_dir), state_dir=state_dir)
+    from railyard.ssh.runner import Credentials, SshRunner, paramiko_connector
+
+    ssh = config.fleet.ssh
+    if ssh is None:
+        raise FleetError("fleet.ssh: the slurm backend's ssh runner needs it (credentials, checks, reboot_command)")
+    if connect is None:
+        missing = [n for n, v in (("user", ssh.user), ("key_file", ssh.key_file), ("known_hosts", ssh.known_hosts))
+                   if not v]
+        if missing:
+            raise FleetError(f"fleet.ssh: {', '.join(missing)} not set (or reach the nodes through the Airflow "
+                             f"SSH connection {ssh.connection!r})")
+        connect = paramiko_connector(Credentials(str(ssh.user), str(ssh.key_file), str(ssh.known_hosts)),
+                                     connect_timeout=ssh.connect_timeout_s)
+    runner = SshRunner.from_config(config, connect)
+    fleet = SlurmFleet(config, spec, runner, state_dir=state_dir)
+    runner.resolve = fleet.ssh_target
+    return fleet
 
 
 class SlurmFleet:
@@ -90,17 +124,43 @@ class SlurmFleet:
         for sub in ("nodes", "ckpt", "resv"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.domain_of = config.host_domain()
+        self.sku_of = {h: d.sku for d in config.domains for h in d.hosts}
         self.prefix = spec.reason_prefix
+        self._addr: dict[str, str] = {}  # NodeAddr seen in the last read
+        self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
+        self._reported: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
-        return f"SlurmFleet({self.spec.transport}, {len(self.domain_of)} nodes)"
+        return f"SlurmFleet({self.spec.transport}, {len(self.domain_of)} nodes, runner {self.spec.runner})"
+
+    # ---- where a node is reached over SSH --------------------------------------------------------
+    def ssh_target(self, host: str) -> Any:
+        """`fleet.slurm.ssh_hosts`, else `ssh_address` rendered for the node, else its NodeAddr."""
+        from railyard.recipes import render
+        from railyard.ssh.runner import Target
+
+        ssh = self.config.fleet.ssh
+        assert ssh is not None
+        work_dir = ssh.work_dir
+        sku = self.sku_of.get(host, "gpu")
+        spec = self.spec.ssh_hosts.get(host)
+        if spec is not None:
+            return Target(host, spec.address, spec.port, spec.work_dir or work_dir, sku)
+        if self.spec.ssh_address is not None:
+            return Target(host, render(self.spec.ssh_address, host=host), 22, work_dir, sku)
+        if host not in self._addr:
+            self._nodes()
+        addr = self._addr.get(host)
+        if not addr:
+            raise RunnerError(f"{host}: Slurm reports no NodeAddr; set fleet.slurm.ssh_hosts or ssh_address")
+        return Target(host, addr, 22, work_dir, sku)
 
     # ---- reasons and records ---------------------------------------------------------------------
     def reason_for(self, op: str) -> str:
         return f"{self.prefix} op={op_token(op)}"
 
     def _is_ours(self, node: dict, op: str | None = None) -> bool:
-        reason = node.get("reason") or ""
+        reason = parse.node_reason(node)
         if op is not None:
             return reason == self.reason_for(op)
         return re.fullmatch(rf"{re.escape(self.prefix)} op=\S+", reason) is not None
@@ -110,6 +170,9 @@ class SlurmFleet:
 
     def _set_record(self, host: str, **data: Any) -> None:
         _write(self.dir / "nodes" / f"{host}.json", data)
+
+    def _update_record(self, host: str, **data: Any) -> None:
+        self._set_record(host, **{**(self._record(host) or {}), **data})
 
     def _drop_record(self, host: str) -> None:
         (self.dir / "nodes" / f"{host}.json").unlink(missing_ok=True)
@@ -121,21 +184,28 @@ class SlurmFleet:
                 raise FleetNotFound(f"host {h!r} is not in any configured domain")
         return list(hosts)
 
-    # ---- reads ---------------------------------------------------------------------------------
+    # ---- reads (no Slurm write command below, until "writes") ------------------------------------
     def _nodes(self) -> dict[str, dict]:
         """Node records; while a restarted slurmctld still reports nodes `unknown` (they have not
         registered again yet), wait for them rather than call them broken."""
         deadline = time.monotonic() + self.spec.controller_wait_s
         while True:
-            data = json.loads(self.cli.run("sinfo", "--json"))
-            nodes = {n["name"]: n for n in data.get("nodes", []) if n.get("name") in self.domain_of}
-            if not any(str(n.get("state")).lower() == "unknown" for n in nodes.values()) or time.monotonic() > deadline:
+            nodes = {name: n for n in self._sinfo() if (name := parse.node_name(n)) in self.domain_of}
+            for name, n in nodes.items():
+                addr = parse.node_address(n)
+                if addr:
+                    self._addr[name] = addr
+            if not any(parse.node_state(n)[0] == "unknown" for n in nodes.values()) or time.monotonic() > deadline:
                 return nodes
             log.info("slurmctld is recovering: nodes not registered yet; waiting")
             time.sleep(1.0)
 
+    def _sinfo(self) -> list[dict]:
+        """One record per node, from the layout of any Slurm version (23.02+ groups nodes in rows)."""
+        return parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
+
     def _squeue(self) -> list[dict]:
-        return json.loads(self.cli.run("squeue", "--json")).get("jobs", [])
+        return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
 
     def reservations(self) -> dict[str, dict[str, str]]:
         out = self.cli.run("scontrol", "show", "reservation", "-o")
@@ -149,127 +219,140 @@ class SlurmFleet:
     def now(self) -> float:
         return time.time()
 
-    def _host(self, name: str, node: dict | None) -> Host:
+    def _fan(self, names: list[str], fn: Any) -> dict[str, Any]:
+        fan = getattr(self.runner, "fan_out", None)
+        if fan is not None:
+            return dict(fan(names, fn))
+        out: dict[str, Any] = {}
+        for n in names:
+            try:
+                out[n] = fn(n)
+            except Exception as exc:  # noqa: BLE001 - reported per host
+                out[n] = exc
+        return out
+
+    def _features_versions(self, node: dict | None) -> dict[str, str]:
+        """What Railyard last verified on the node: its `component=version` features."""
+        comps = {c.name for c in self.config.components}
+        out: dict[str, str] = {}
+        for f in parse.node_active_features(node or {}) or parse.node_features(node or {}):
+            c, _, v = f.partition("=")
+            if c in comps and v:
+                out[c] = v
+        return out
+
+    def _held_view(self, name: str, node: dict | None) -> dict[str, Any]:
+        """Versions and upgrade state of a node this run holds (live from the host)."""
+        rec = self._record(name) or {}
+        op = rec.get("op")
+        view: dict[str, Any] = {"versions": self.runner.versions(name)}
+        if op and rec.get("phase") == "held":
+            view["upgrade"] = self.runner.upgrade_state(name, op)
+            busy = getattr(self.runner, "busy", None)
+            view["busy"] = busy(name, op) if busy is not None else None
+        return view
+
+    def _views(self, names: list[str], nodes: dict[str, dict]) -> dict[str, dict[str, Any]]:
+        """Per node: its versions (and, when held, its upgrade state), read on the hosts side by side."""
+        now = time.monotonic()
+        ttl = self.config.fleet.ssh.versions_ttl_s if self.config.fleet.ssh else 0.0
+        held = [n for n in names if (self._record(n) or {}).get("phase") == "held"]
+        cached = {n: v for n in names if n not in held and (v := self._versions_cache.get(n)) and now - v[0] < ttl}
+        ask = [n for n in names if n not in cached]
+        got = self._fan(ask, lambda n: self._held_view(n, nodes.get(n)))
+        out: dict[str, dict[str, Any]] = {n: {"versions": v[1]} for n, v in cached.items()}
+        for n in ask:
+            r = got.get(n)
+            if isinstance(r, BaseException):
+                out[n] = {"versions": self._features_versions(nodes.get(n)), "error": r}
+            else:
+                out[n] = r
+                if n not in held:
+                    self._versions_cache[n] = (now, r["versions"])
+        return out
+
+    def _host(self, name: str, node: dict | None, view: dict[str, Any]) -> Host:
         domain = self.domain_of[name]
-        versions = self.runner.versions(name)
+        versions = view.get("versions") or {}
         if node is None:
             return Host(name=name, domain=domain, state=HostState.FAILED, versions=versions,
                         reason="not known to Slurm")
-        base = str(node.get("state", "")).lower()
-        flags = {str(f).upper() for f in node.get("state_flags") or []}
-        reason = node.get("reason") or ""
+        base, flags = parse.node_state(node)
+        reason = parse.node_reason(node)
+        gpus = parse.gpus_per_node(node)
+        extra: dict[str, Any] = {"gpus": gpus} if gpus else {}
         rec = self._record(name)
         op = rec["op"] if rec else None
-        repair = reason.startswith(f"{self.prefix} repair ")
-        if repair:
-            return Host(name=name, domain=domain, state=HostState.REPAIR, versions=versions, reason=reason, operation=op)
+        if reason.startswith(f"{self.prefix} repair "):
+            return Host(name=name, domain=domain, state=HostState.REPAIR, versions=versions, reason=reason,
+                        operation=op, **extra)
         ours = self._is_ours(node)
         if (base in _DEAD or "FAIL" in flags) and not ours:  # NOT_RESPONDING alone is transient
             return Host(name=name, domain=domain, state=HostState.FAILED, versions=versions,
-                        reason=f"slurm {base}{'+' + '+'.join(sorted(flags)) if flags else ''}: {reason or 'no reason'}")
+                        reason=f"slurm {base}{'+' + '+'.join(sorted(flags)) if flags else ''}: {reason or 'no reason'}",
+                        **extra)
         if "DRAIN" in flags and not ours:
-            who = node.get("reason_set_by_user") or "someone else"
+            who = parse.node_reason_user(node) or "someone else"
             self._report_foreign(name, node)
             return Host(name=name, domain=domain, state=HostState.FAILED, versions=versions,
-                        reason=f"drained by {who}, not Railyard: {reason or 'no reason'}")
+                        reason=f"drained by {who}, not Railyard: {reason or 'no reason'}", **extra)
         if "DRAIN" in flags or (rec and rec.get("phase") == "held"):
             if base in _BUSY or "COMPLETING" in flags:
-                return Host(name=name, domain=domain, state=HostState.DRAINING, versions=versions, operation=op)
+                return Host(name=name, domain=domain, state=HostState.DRAINING, versions=versions, operation=op,
+                            **extra)
             state, err = HostState.DRAINED, None
-            if rec:
-                up = self.runner.upgrade_state(name, op)
-                if up.status == "running":
+            up = view.get("upgrade")
+            if "error" in view and rec and rec.get("upgrade_at"):
+                # the host does not answer (a reboot in progress): within its budget it is upgrading
+                if time.time() - float(rec["upgrade_at"]) <= float(rec.get("budget_s", 0)):
                     state = HostState.UPGRADING
-                elif up.status == "failed":
-                    err = up.error or "upgrade failed"
-                busy = self.runner.busy(name, op) if hasattr(self.runner, "busy") else None
-                if busy == "check":
-                    state = HostState.CHECKING
-            return Host(name=name, domain=domain, state=state, versions=versions, operation=op, last_error=err)
-        return Host(name=name, domain=domain, state=HostState.SERVING, versions=versions)
+                else:
+                    err = f"no answer from the host for {rec.get('budget_s', 0):.0f}s after the upgrade: {view['error']}"
+            elif up is not None and up.status == "running":
+                state = HostState.UPGRADING
+            elif up is not None and up.status == "failed":
+                err = up.error or "upgrade failed"
+            if view.get("busy") == "check":
+                state = HostState.CHECKING
+            return Host(name=name, domain=domain, state=state, versions=versions, operation=op, last_error=err,
+                        **extra)
+        return Host(name=name, domain=domain, state=HostState.SERVING, versions=versions, **extra)
 
     def _report_foreign(self, name: str, node: dict) -> None:
-        """Once per node and reason: a drain that is not Railyard's is reported, and left alone."""
-        key = self.dir / "nodes" / f"{name}.foreign"
-        reason = node.get("reason") or ""
-        if key.exists() and key.read_text() == reason:
+        """Once per node and reason in this process: a drain that is not Railyard's is logged, left alone."""
+        reason = parse.node_reason(node)
+        if (name, reason) in self._reported:
             return
-        key.write_text(reason)
-        self._note("foreign_drain", node=name, reason=reason, by=node.get("reason_set_by_user"))
+        self._reported.add((name, reason))
         log.warning("%s: drained by %s, not Railyard (%r): left alone, reported, never resumed",
-                    name, node.get("reason_set_by_user") or "someone else", reason)
-
-    def _gate(self, nodes: dict[str, dict]) -> None:
-        """Nodes Railyard holds that Slurm put back by itself are drained again at once; nodes and
-        reservations it already gave back that a restarted controller brought back are given back again."""
-        self._replay_unreserve()
-        for f in sorted((self.dir / "nodes").glob("*.json")):
-            rec = _read(f)
-            name = f.stem
-            node = nodes.get(name)
-            if rec and rec.get("phase") == "returned" and node is not None:
-                flags = {str(x).upper() for x in node.get("state_flags") or []}
-                if "DRAIN" in flags and node.get("reason") == self.reason_for(rec["op"]):
-                    log.warning("%s: returned by %s but drained again (a controller restart lost the resume); "
-                                "resuming it again", name, rec["op"])
-                    self.cli.run("scontrol", "update", f"nodename={name}", "state=resume")
-                    self._note("resume_replayed", node=name, op=rec["op"])
-                    node["state_flags"] = [x for x in node.get("state_flags", []) if str(x).upper() != "DRAIN"]
-                    node["reason"] = ""
-                continue
-            if not rec or rec.get("phase") != "held" or node is None:
-                continue
-            flags = {str(x).upper() for x in node.get("state_flags") or []}
-            if "DRAIN" in flags or str(node.get("state", "")).lower() in _DEAD:
-                continue
-            log.warning("health gate: Slurm resumed %s by itself (%s); draining it again", name, rec["op"])
-            self.cli.run("scontrol", "update", f"nodename={name}", "state=drain", f"reason={self.reason_for(rec['op'])}")
-            self._note("gate_redrain", node=name, op=rec["op"])
-            node["state_flags"] = [*node.get("state_flags", []), "DRAIN"]
-            node["reason"] = self.reason_for(rec["op"])
+                    name, parse.node_reason_user(node) or "someone else", reason)
 
     def hosts(self, names: list[str] | None = None) -> list[Host]:
         wanted = self._check_hosts(names) if names is not None else sorted(self.domain_of)
         if not wanted:
             return []
         nodes = self._nodes()
-        self._gate(nodes)
-        return [self._host(n, nodes.get(n)) for n in wanted]
+        views = self._views(wanted, nodes)
+        return [self._host(n, nodes.get(n), views[n]) for n in wanted]
 
-    def _job(self, j: dict, now: float) -> Job:
-        jid = str(j["job_id"])
-        state = str(j.get("job_state", "")).upper()
+    def _job(self, j: dict, gpus_of: dict[str, int]) -> Job:
+        jid = parse.job_id(j)
+        state = parse.job_state(j)
         kind = "running" if state in _RUNNING_JOB else "pending" if state in _PENDING_JOB else "done"
-        m = CKPT_RE.search(j.get("comment") or "")
+        m = CKPT_RE.search(parse.job_comment(j))
         req = _read(self.dir / "ckpt" / f"{jid}.json")
-        hosts = expand_hostlist(j.get("nodes") or "") if kind == "running" else []
-        return Job(id=jid, hosts=hosts, gpus=8 * max(1, int(j.get("node_count") or 1)), state=kind,
+        hosts = expand_hostlist(parse.job_nodes(j)) if kind == "running" else []
+        return Job(id=jid, hosts=hosts, gpus=parse.job_gpus(j, gpus_of) if kind == "running" else 0, state=kind,
                    last_checkpoint=float(m.group(1)) if m else 0.0,
                    checkpoint_requested_at=req["requested_at"] if req else None,
                    checkpoint_interval=self.spec.checkpoint.interval_s)
 
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
-        now = self.now()
-        out = [self._job(j, now) for j in self._squeue()]
-        if self.spec.checkpoint.policy == "requeue":
-            out = [self._enforce_policy(j, now) for j in out]
-        if hosts is None:
-            return out
-        want = set(self._check_hosts(hosts))
-        return [j for j in out if want & set(j.hosts)]
-
-    def _enforce_policy(self, job: Job, now: float) -> Job:
-        """Policy `requeue`: a job silent for `grace_s` after the request is requeued; the loss is recorded."""
-        req = job.checkpoint_requested_at
-        if job.state != "running" or req is None or job.last_checkpoint >= req or now - req < self.spec.checkpoint.grace_s:
-            return job
-        lost = now - job.last_checkpoint if job.last_checkpoint else None
-        log.warning("job %s: no checkpoint %.0fs after the request; requeued by policy", job.id, now - req)
-        self.cli.run("scontrol", "requeue", job.id)
-        self._note("checkpoint_loss", job=job.id, hosts=job.hosts, requested_at=req,
-                   last_checkpoint=job.last_checkpoint or None, lost_s=lost,
-                   why=f"no checkpoint {self.spec.checkpoint.grace_s:.0f}s after the request; requeued by policy")
-        return job.model_copy(update={"state": "pending", "hosts": []})
+        """Jobs as Slurm reports them; a read: nothing is requeued here (see `requeue_silent`)."""
+        want = set(self._check_hosts(hosts)) if hosts is not None else None
+        gpus_of = {parse.node_name(n): parse.gpus_per_node(n) for n in self._sinfo()}
+        out = [self._job(j, gpus_of) for j in self._squeue()]
+        return out if want is None else [j for j in out if want & set(j.hosts)]
 
     def derived_domains(self) -> dict[str, list[str]]:
         """Domains as `fleet.slurm.domains_from` derives them from the live cluster (all its nodes)."""
@@ -277,7 +360,7 @@ class SlurmFleet:
 
         if self.spec.domains_from is None:
             raise FleetError("fleet.slurm.domains_from is not set")
-        return derive_domains(json.loads(self.cli.run("sinfo", "--json")).get("nodes", []), self.spec.domains_from)
+        return derive_domains(self._sinfo(), self.spec.domains_from)
 
     # ---- notes (what the run reports beyond the ledger) -----------------------------------------
     def _note(self, kind: str, **data: Any) -> None:
@@ -292,70 +375,139 @@ class SlurmFleet:
     def losses(self) -> list[dict]:
         return self.notes("checkpoint_loss")
 
-    # ---- checkpoints ---------------------------------------------------------------------------
+    def capacity(self) -> Capacity:
+        hosts = self.hosts()
+        by_state: dict[str, int] = {}
+        for h in hosts:
+            by_state[h.state.value] = by_state.get(h.state.value, 0) + 1
+        out = sorted({h.domain for h in hosts if h.state in MAINTENANCE_STATES})
+        return Capacity(now=self.now(), total_hosts=len(hosts),
+                        serving_hosts=sum(1 for h in hosts if h.state == HostState.SERVING),
+                        by_state=by_state, domains_out=out)
+
+    # ---- writes: every Slurm change below goes through self.cli.run and is recorded there --------
+    def enforce_gate(self) -> dict[str, dict]:
+        """Nodes Railyard holds that Slurm put back by itself are drained again; nodes and reservations
+        it already gave back that a restarted controller brought back are given back again. Returns the
+        nodes as they are afterwards."""
+        nodes = self._nodes()
+        self._replay_unreserve()
+        wrote = False
+        for f in sorted((self.dir / "nodes").glob("*.json")):
+            rec = _read(f)
+            name = f.stem
+            node = nodes.get(name)
+            if not rec or node is None:
+                continue
+            base, flags = parse.node_state(node)
+            if rec.get("phase") == "returned":
+                if "DRAIN" in flags and parse.node_reason(node) == self.reason_for(rec["op"]):
+                    log.warning("%s: returned by %s but drained again (a controller restart lost the resume); "
+                                "resuming it again", name, rec["op"])
+                    self.cli.run("scontrol", "update", f"nodename={name}", "state=resume")
+                    self._note("resume_replayed", node=name, op=rec["op"])
+                    wrote = True
+                continue
+            if rec.get("phase") != "held" or "DRAIN" in flags or base in _DEAD:
+                continue
+            log.warning("health gate: Slurm resumed %s by itself (%s); draining it again", name, rec["op"])
+            self.cli.run("scontrol", "update", f"nodename={name}", "state=drain", f"reason={self.reason_for(rec['op'])}")
+            self._note("gate_redrain", node=name, op=rec["op"])
+            wrote = True
+        return self._nodes() if wrote else nodes
+
+    def requeue_silent(self, job_ids: list[str], op: str, why: str) -> list[str]:
+        """The `requeue` policy, from the stop's checkpoint step: requeue jobs that stayed silent after the
+        request, recording the work lost since their last checkpoint. Never called by a read."""
+        done = []
+        now = self.now()
+        for job in self.jobs():
+            if job.id not in job_ids or job.state != "running":
+                continue
+            lost = now - job.last_checkpoint if job.last_checkpoint else None
+            log.warning("job %s: %s; requeued by policy (%s)", job.id, why, op)
+            self.cli.run("scontrol", "requeue", job.id)
+            self._note("checkpoint_loss", job=job.id, hosts=job.hosts, requested_at=job.checkpoint_requested_at,
+                       last_checkpoint=job.last_checkpoint or None, lost_s=lost, gpus=job.gpus, op=op, why=why)
+            done.append(job.id)
+        return done
+
     def request_checkpoint(self, job_ids: list[str]) -> float:
         at = self.now()
-        running = {str(j["job_id"]) for j in self._squeue() if str(j.get("job_state")).upper() in _RUNNING_JOB}
         for jid in job_ids:
             if not re.fullmatch(r"\d{1,12}", str(jid)):
                 raise FleetError(f"job id {jid!r} is not a Slurm job id")
-            _write(self.dir / "ckpt" / f"{jid}.json", {"requested_at": at})
+        running = {parse.job_id(j): expand_hostlist(parse.job_nodes(j)) for j in self._squeue()
+                   if parse.job_state(j) in _RUNNING_JOB}
+        scope = "--full" if self.spec.checkpoint.signal_to == "full" else "--batch"
+        for jid in job_ids:
+            _write(self.dir / "ckpt" / f"{jid}.json", {"requested_at": at, "nodes": running.get(jid, [])})
             if jid in running:
-                self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", "--batch", jid)
+                self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", scope, jid)
         return at
+
+    def _clear_checkpoint_requests(self, *, jobs: set[str] = frozenset(), nodes: set[str] = frozenset()) -> None:
+        """A stop's requests end with its drain or its return: a later read never acts on them again."""
+        for f in (self.dir / "ckpt").glob("*.json"):
+            rec = _read(f) or {}
+            if f.stem in jobs or set(rec.get("nodes") or []) & nodes:
+                f.unlink(missing_ok=True)
 
     # ---- reservations ----------------------------------------------------------------------------
     def _resv_name(self, domain: str) -> str:
         return f"{self.prefix}_{check_token(domain)}"
-
-    def _train_domains(self, op: str) -> list[str]:
-        """This domain and the ones the train visits after it, from an op id `train/run/domain`."""
-        parts = op.split("/")
-        if len(parts) < 3:
-            return []
-        try:
-            order = [d.name for d in self.config.train_domains(self.config.train(parts[0]))]
-        except (KeyError, StopIteration):
-            return []
-        return order[order.index(parts[-1]):] if parts[-1] in order else []
 
     def reserve(self, op: str, domains: list[str]) -> None:
         """MAINT reservations: `domains[0]` from now for one stop window, each later one at its expected window.
 
         Backfill then places no job on them whose time limit would run into their stop; running jobs
         are left alone (`ignore_jobs`) until their stop asks them to checkpoint. A reservation made
-        ahead is pulled to "now" when its own stop starts.
+        ahead is pulled to "now" when its own stop starts. Made by the stop once its lease is granted;
+        deleted on its return, and the run's later ones by the run's end (`unreserve`).
         """
         window = self.spec.stop_window_s
         minutes = max(1, math.ceil(window / 60))
         existing = self.reservations()
         ahead = domains[1:] if self.spec.reserve_ahead is None else domains[1:1 + self.spec.reserve_ahead]
         for i, name in enumerate(domains[:1] + ahead):
-            hosts = [h for h, d in self.domain_of.items() if d == name]
+            hosts = sorted(h for h, d in self.domain_of.items() if d == name)
             rname = self._resv_name(name)
             start = "now" if i == 0 else f"now+{i * minutes * 60}seconds"
             if rname not in existing:
                 (self.dir / "resv" / f"{rname}.json").unlink(missing_ok=True)
-                self.cli.run("scontrol", "create", "reservation", f"reservationname={rname}", f"starttime={start}",
-                             f"duration={minutes}", f"nodes={','.join(sorted(hosts))}", "flags=maint,ignore_jobs",
-                             f"users={','.join(self.spec.reservation_users)}")
-                self._note("reservation", name=rname, op=op, start=start, minutes=minutes, nodes=sorted(hosts))
+                try:
+                    self.cli.run("scontrol", "create", "reservation", f"reservationname={rname}", f"starttime={start}",
+                                 f"duration={minutes}", f"nodes={','.join(hosts)}", "flags=maint,ignore_jobs",
+                                 f"users={','.join(self.spec.reservation_users)}")
+                except FleetError as exc:
+                    others = sorted(r for r, kv in existing.items()
+                                    if set(expand_hostlist(kv.get("Nodes", ""))) & set(hosts))
+                    if not others:
+                        raise
+                    raise FleetError(f"cannot reserve {name} for maintenance: its nodes are in reservation(s) "
+                                     f"{', '.join(others)} ({exc})") from None
+                self._note("reservation", name=rname, op=op, start=start, minutes=minutes, nodes=hosts)
             elif i == 0 and existing[rname].get("State") != "ACTIVE":
                 self.cli.run("scontrol", "update", f"reservationname={rname}", "starttime=now", f"duration={minutes}")
-                self._note("reservation", name=rname, op=op, start="now", minutes=minutes, nodes=sorted(hosts))
+                self._note("reservation", name=rname, op=op, start="now", minutes=minutes, nodes=hosts)
 
-    def _unreserve(self, domain: str) -> None:
-        rname = self._resv_name(domain)
-        (self.dir / "resv").mkdir(exist_ok=True)
-        _write(self.dir / "resv" / f"{rname}.json", {"until": self.now() + 2 * self.spec.stop_window_s})
-        if rname in self.reservations():
-            self.cli.run("scontrol", "delete", f"reservationname={rname}")
-            self._note("unreserve", name=rname)
+    def unreserve(self, domains: list[str]) -> list[str]:
+        """Delete Railyard's MAINT reservations of these domains (a stop's return, a run's end)."""
+        existing = self.reservations()
+        gone = []
+        for domain in domains:
+            rname = self._resv_name(domain)
+            _write(self.dir / "resv" / f"{rname}.json", {"until": self.now() + 2 * self.spec.stop_window_s})
+            if rname in existing:
+                self.cli.run("scontrol", "delete", f"reservationname={rname}")
+                self._note("unreserve", name=rname)
+                gone.append(rname)
+        return gone
 
     def _replay_unreserve(self) -> None:
         """A reservation deleted on return that a restarted controller brought back is deleted again."""
         gone = {}
-        for f in (self.dir / "resv").glob("*.json") if (self.dir / "resv").exists() else []:
+        for f in (self.dir / "resv").glob("*.json"):
             rec = _read(f)
             if rec and rec["until"] > self.now():
                 gone[f.stem] = rec
@@ -373,27 +525,23 @@ class SlurmFleet:
         hosts = self._check_hosts(hosts)
         if not hosts:
             return
-        nodes = self._nodes()
+        nodes = self.enforce_gate()
         take: list[str] = []
         for h in hosts:
             node = nodes.get(h)
             if node is None:
                 continue
-            flags = {str(x).upper() for x in node.get("state_flags") or []}
-            if "DRAIN" in flags and not self._is_ours(node, op):
+            if "DRAIN" in parse.node_state(node)[1] and not self._is_ours(node, op):
                 self._report_foreign(h, node)
                 continue  # someone else's drain: never touched
             self._set_record(h, op=op, phase="held", domain=self.domain_of[h], since=self.now())
             take.append(h)
-        domains = self._train_domains(op)
-        if domains:
-            self.reserve(op, domains)
         if take:
             self.cli.run("scontrol", "update", f"nodename={','.join(take)}", "state=drain",
                          f"reason={self.reason_for(op)}")
-        victims = sorted({str(j["job_id"]) for j in self._squeue()
-                          if str(j.get("job_state")).upper() in _RUNNING_JOB
-                          and set(expand_hostlist(j.get("nodes") or "")) & set(take)})
+        victims = sorted({parse.job_id(j) for j in self._squeue()
+                          if parse.job_state(j) in _RUNNING_JOB
+                          and set(expand_hostlist(parse.job_nodes(j))) & set(take)})
         for jid in victims:
             log.info("requeueing job %s off %s (%s)", jid, ",".join(take), op)
             try:
@@ -402,11 +550,12 @@ class SlurmFleet:
                 if "pending" not in str(exc).lower() and "completing" not in str(exc).lower():
                     raise
             self._note("requeue", job=jid, op=op, nodes=take)
+        self._clear_checkpoint_requests(jobs=set(victims), nodes=set(take))
 
     def _require_ours(self, host: str, op: str) -> dict:
-        node = self._nodes().get(host)
+        node = self.enforce_gate().get(host)
         if node is None or not self._is_ours(node, op):
-            raise FleetError(f"{host} is not drained by {op} (reason: {node.get('reason') if node else 'unknown node'!r})")
+            raise FleetError(f"{host} is not drained by {op} (reason: {parse.node_reason(node) if node else 'unknown node'!r})")
         return node
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
@@ -414,41 +563,48 @@ class SlurmFleet:
         if not steps:
             return
         node = self._require_ours(host, op)
-        if str(node.get("state", "")).lower() in _BUSY:
+        if parse.node_state(node)[0] in _BUSY:
             raise FleetError(f"{host} still runs jobs; refusing to upgrade it")
+        ssh = self.config.fleet.ssh
+        budget = sum(self.config.component(s.component).timeout_s for s in steps) + 300.0
+        if ssh is not None and any(self.config.component(s.component).reboot for s in steps):
+            budget += ssh.reboot_timeout_s
+        self._update_record(host, upgrade_at=self.now(), budget_s=budget)
+        if isinstance(self.runner, StandinRunner):
+            log.warning("%s: %s", host, STANDIN_WARNING)
         self.runner.upgrade(host, steps, op)
 
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
         self._check_hosts([host])
         self._require_ours(host, op)
+        if isinstance(self.runner, StandinRunner):
+            log.warning("%s: %s", host, STANDIN_WARNING)
         self.runner.start_check(host, expected, op)
         return None
 
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
-        return [self.runner.check_result(h, op) for h in self._check_hosts(hosts)]
+        got = self._fan(self._check_hosts(hosts), lambda h: self.runner.check_result(h, op))
+        return [r if isinstance(r, CheckResult) else CheckResult(host=h, status="pending", reason=f"unreachable: {r}")
+                for h, r in got.items()]
 
-    def features_for(self, host: str) -> str:
-        """`component=version` for every component: jobs ask for them with --constraint."""
-        versions = self.runner.versions(host)
-        return ",".join(f"{c}={versions[c]}" for c in sorted(versions))
-
-    def publish_features(self, hosts: list[str]) -> None:
-        """Write versions as node features, keeping features that are not Railyard's."""
-        nodes = self._nodes()
+    def publish_features(self, versions: dict[str, dict[str, str]], nodes: dict[str, dict]) -> None:
+        """Write the verified versions as node features, keeping features that are not Railyard's."""
         comps = {c.name for c in self.config.components}
-        for h in self._check_hosts(hosts):
+        for h, found in versions.items():
             node = nodes.get(h)
             if node is None:
                 continue
-            keep = [f for f in (node.get("features") or "").split(",") if f and f.split("=", 1)[0] not in comps]
-            feats = ",".join([*keep, *(x for x in self.features_for(h).split(",") if x)])
-            if feats != (node.get("features") or ""):
+            current = parse.node_features(node)
+            keep = [f for f in current if f and f.split("=", 1)[0] not in comps]
+            feats = ",".join([*keep, *(f"{c}={found[c]}" for c in sorted(found) if c in comps)])
+            if feats != ",".join(current):
                 self.cli.run("scontrol", "update", f"nodename={h}", f"availablefeatures={feats}",
                              f"activefeatures={feats}")
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
+        """Resume the nodes this op holds, each only with a passing check; features from what it read."""
         hosts = self._check_hosts(hosts)
-        nodes = self._nodes()
+        nodes = self.enforce_gate()
         back: list[str] = []
         for h in hosts:
             node = nodes.get(h)
@@ -456,33 +612,40 @@ class SlurmFleet:
                 continue
             if not self._is_ours(node, op):
                 rec = self._record(h)
-                flags = {str(x).upper() for x in node.get("state_flags") or []}
+                flags = parse.node_state(node)[1]
                 if rec and rec.get("op") == op and "DRAIN" not in flags:
                     pass  # already back (an earlier attempt resumed it)
                 elif "DRAIN" in flags:
-                    self._note("not_returned", node=h, op=op, reason=node.get("reason"))
+                    self._note("not_returned", node=h, op=op, reason=parse.node_reason(node))
                 continue
-            self._set_record(h, op=op, phase="returning", domain=self.domain_of[h], since=self.now())
             back.append(h)
         if not back:
             return
-        self.publish_features(back)
-        for domain in sorted({self.domain_of[h] for h in back}):
-            self._unreserve(domain)
+        results = {r.host: r for r in self.check_results(back, op)}
+        unproven = {h: results[h] for h in back if results[h].status != "passed"}
+        if unproven:
+            raise FleetError("refusing to resume without a passing health check: " + "; ".join(
+                f"{h} {r.status}: {r.reason or ''}".strip() for h, r in sorted(unproven.items())))
+        for h in back:
+            self._update_record(h, op=op, phase="returning", domain=self.domain_of[h], since=self.now())
+        self.publish_features({h: results[h].versions for h in back}, nodes)
+        self.unreserve(sorted({self.domain_of[h] for h in back}))
         self.cli.run("scontrol", "update", f"nodename={','.join(back)}", "state=resume")
+        self._clear_checkpoint_requests(nodes=set(back))
         for h in back:  # kept: a controller restarted from older state may bring the drain back
             self._set_record(h, op=op, phase="returned", domain=self.domain_of[h], since=self.now())
+            self._versions_cache.pop(h, None)
 
     def offboard(self, host: str, reason: str, op: str) -> None:
         self._check_hosts([host])
-        node = self._nodes().get(host)
+        node = self.enforce_gate().get(host)
         if node is None:
             raise FleetNotFound(f"{host} is not known to Slurm")
-        flags = {str(x).upper() for x in node.get("state_flags") or []}
-        if (node.get("reason") or "").startswith(f"{self.prefix} repair "):
+        flags = parse.node_state(node)[1]
+        if parse.node_reason(node).startswith(f"{self.prefix} repair "):
             return
         if "DRAIN" in flags and not self._is_ours(node, op):
-            self._note("not_offboarded", node=host, op=op, reason=node.get("reason"))
+            self._note("not_offboarded", node=host, op=op, reason=parse.node_reason(node))
             return  # someone else's drain already keeps it out; their reason stays
         self.cli.run("scontrol", "update", f"nodename={host}", "state=drain",
                      f"reason={self.prefix} repair op={op_token(op)}: {_text(reason)}")
@@ -493,11 +656,11 @@ class SlurmFleet:
 
         A node `from_op` sent to repair keeps its repair reason (the evidence); only the record moves.
         """
-        nodes = self._nodes()
+        nodes = self.enforce_gate()
         move = []
         for h in self._check_hosts(hosts):
             node = nodes.get(h)
-            reason = (node or {}).get("reason") or ""
+            reason = parse.node_reason(node) if node else ""
             if node is not None and self._is_ours(node, to_op):
                 continue
             if reason.startswith(f"{self.prefix} repair op={op_token(from_op)}"):
@@ -512,15 +675,5 @@ class SlurmFleet:
             self.cli.run("scontrol", "update", f"nodename={','.join(move)}", "state=drain",
                          f"reason={self.reason_for(to_op)}")
 
-    def capacity(self) -> Capacity:
-        hosts = self.hosts()
-        by_state: dict[str, int] = {}
-        for h in hosts:
-            by_state[h.state.value] = by_state.get(h.state.value, 0) + 1
-        out = sorted({h.domain for h in hosts if h.state in MAINTENANCE_STATES})
-        return Capacity(now=self.now(), total_hosts=len(hosts),
-                        serving_hosts=sum(1 for h in hosts if h.state == HostState.SERVING),
-                        by_state=by_state, domains_out=out)
 
-
-__all__ = ["SlurmFleet", "fleet_from_config"]
+__all__ = ["STANDIN_WARNING", "SlurmFleet", "fleet_from_config"]

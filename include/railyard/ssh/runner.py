@@ -127,7 +127,9 @@ class SshRunner:
 
     def __init__(self, targets: dict[str, Target], components: dict[str, ComponentSpec], checks: HealthChecksSpec,
                  connect: Connector, *, command_timeout: float = 60.0, connect_retries: int = 2,
-                 retry_backoff_s: float = 0.5, parallelism: int = 32, reboot_command: str | None = None):
+                 retry_backoff_s: float = 0.5, parallelism: int = 32, reboot_command: str | None = None,
+                 reboot_timeout_s: float = 900.0, boot_id_command: str = "cat /proc/sys/kernel/random/boot_id",
+                 resolve: Callable[[str], Target] | None = None):
         self.targets = targets
         self.components = components
         self.checks = checks
@@ -137,8 +139,12 @@ class SshRunner:
         self.retry_backoff_s = retry_backoff_s
         self.parallelism = parallelism
         self.reboot_command = reboot_command
+        self.reboot_timeout_s = reboot_timeout_s
+        self.boot_id_command = boot_id_command
+        self.resolve = resolve  # hosts not in `targets` (Slurm nodes: ssh_hosts, a pattern or NodeAddr)
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._locks: dict[str, threading.Lock] = {h: threading.Lock() for h in targets}
+        self._locks_lock = threading.Lock()
         self.connects = 0  # connections opened: tests prove bad input never gets this far
 
     @classmethod
@@ -150,7 +156,8 @@ class SshRunner:
         targets = {n: Target(n, h.address, h.port, ssh.host_work_dir(n), sku.get(n, "gpu")) for n, h in ssh.hosts.items()}
         return cls(targets, {c.name: c for c in cfg.components}, ssh.checks, connect,
                    command_timeout=ssh.command_timeout_s, connect_retries=ssh.connect_retries,
-                   parallelism=ssh.parallelism, reboot_command=ssh.reboot_command)
+                   parallelism=ssh.parallelism, reboot_command=ssh.reboot_command,
+                   reboot_timeout_s=ssh.reboot_timeout_s, boot_id_command=ssh.boot_id_command)
 
     def close(self) -> None:
         for c in list(self._clients.values()):
@@ -167,8 +174,14 @@ class SshRunner:
     def target(self, host: str) -> Target:
         check_token(host)
         if host not in self.targets:
-            raise ValueError(f"host {host!r} is not configured in fleet.ssh.hosts")
+            if self.resolve is None:
+                raise ValueError(f"host {host!r} is not configured in fleet.ssh.hosts")
+            self.targets[host] = self.resolve(host)
         return self.targets[host]
+
+    def _lock(self, host: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(host, threading.Lock())
 
     def _check_steps(self, steps: Iterable[Step | dict]) -> list[Step]:
         out = []
@@ -187,7 +200,7 @@ class SshRunner:
 
     # ---- transport ----------------------------------------------------------------------------
     def _client(self, t: Target, fresh: bool = False) -> paramiko.SSHClient:
-        with self._locks[t.name]:
+        with self._lock(t.name):
             c = self._clients.get(t.name)
             if c is not None and not fresh:
                 tr = c.get_transport()
@@ -305,7 +318,7 @@ class SshRunner:
         """The on-host driver: each step reads the installed version first, installs only if needed."""
         q = shlex.quote
         body = ["#!/bin/sh", "# railyard upgrade driver: one per operation, run under flock",
-                'echo "$(date -u +%FT%TZ) driver start pid $$" >> driver.log', "reboot=0"]
+                'echo "$(date -u +%FT%TZ) driver start pid $$" >> driver.log']
         for s in steps:
             comp = self.components[s.component]
             vars_ = dict(host=t.name, component=s.component, version=s.version, sku=t.sku, gpus=self.checks.gpus(t.sku))
@@ -320,16 +333,19 @@ class SshRunner:
                 f"    date -u +%FT%TZ > {c}.started",
                 f"    timeout -k 10 {int(comp.timeout_s)} sh -c {q(install)} > {c}.log 2>&1 </dev/null; rc=$?",
                 f"    echo $rc > {c}.status.tmp; mv {c}.status.tmp {c}.status",
-                f"    [ $rc -eq 0 ] && [ {1 if comp.reboot else 0} -eq 1 ] && reboot=1",
+                f"    [ $rc -eq 0 ] && [ {1 if comp.reboot else 0} -eq 1 ] && echo {c} >> reboot.needed",
                 "  fi",
                 "fi",
                 f"[ \"$(cat {c}.status)\" = 0 ] || exit 1",
             ]
-        if self.reboot_command:
-            cmd = render(self.reboot_command, host=t.name, sku=t.sku, gpus=self.checks.gpus(t.sku))
-            body += ["if [ $reboot -eq 1 ]; then date -u +%FT%TZ > reboot.requested; "
-                     f"sh -c {q(cmd)} > reboot.log 2>&1 </dev/null; fi"]
         body += ["touch done"]
+        if self.reboot_command:
+            # Once per operation, also when a re-launched driver finds every install already done.
+            # The step is done only when the host answers with a new boot id (`upgrade_state`).
+            cmd = render(self.reboot_command, host=t.name, sku=t.sku, gpus=self.checks.gpus(t.sku))
+            body += ["if [ -e reboot.needed ] && [ ! -e reboot.requested ]; then date +%s > reboot.requested.tmp; "
+                     "mv reboot.requested.tmp reboot.requested; "
+                     f"sh -c {q(cmd)} > reboot.log 2>&1 </dev/null; fi"]
         return "\n".join(body) + "\n"
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
@@ -349,6 +365,9 @@ class SshRunner:
             'cd "$D"',
             f"[ -e driver.sh ] || {{ printf '%s' {shlex.quote(script)} > driver.sh.tmp; "
             f"printf '%s\\n' {shlex.quote(plan)} > plan; mv driver.sh.tmp driver.sh; }}",
+            # the boot id before anything is installed: a reboot is proven only by a new one
+            f"[ -s boot_id.before ] || {{ {self._boot_id_sh(t)}; [ -n \"$B\" ] || {{ echo 'no boot id'; exit 3; }}; "
+            "printf '%s\\n' \"$B\" > boot_id.tmp; mv boot_id.tmp boot_id.before; }",
             "nohup setsid sh -c 'flock -n -E 75 upgrade.lock sh driver.sh; "
             "echo \"$(date -u +%FT%TZ) launch exit $?\" >> launch.log' >/dev/null 2>&1 </dev/null &",
             "echo launched",
@@ -365,6 +384,10 @@ class SshRunner:
             'cd "$D" 2>/dev/null || { echo none; exit 0; }',
             "if flock -n upgrade.lock true; then echo 'lock free'; else echo 'lock held'; fi",
             "[ -e plan ] && printf 'plan %s\\n' \"$(cat plan)\"",
+            "[ -e reboot.needed ] && echo 'reboot needed'",
+            "[ -e reboot.requested ] && printf 'reboot requested %s now %s\\n' \"$(head -c 20 reboot.requested)\" "
+            "\"$(date +%s)\"",
+            f"{self._boot_id_sh(t)}; printf 'boot %s %s\\n' \"$(head -c 64 boot_id.before 2>/dev/null)\" \"$B\"",
             "for f in *.status; do [ -e \"$f\" ] || continue; c=${f%.status}; s=$(head -c 16 \"$f\");",
             "  printf 'status %s %s\\n' \"$c\" \"$s\";",
             "  [ \"$s\" = 0 ] || { printf 'log %s ' \"$c\"; tail -c 300 \"$c.log\" 2>/dev/null | tr '\\n\\r' '  '; echo; }",
@@ -401,8 +424,37 @@ class SshRunner:
                 tail = logs.get(comp, "")
                 return UpgradeState(host=host, status="failed", error=f"{comp}: install {why}" + (f": {tail}" if tail else ""))
         if plan and all(status.get(c) == "0" for c in plan):
-            return UpgradeState(host=host, status="done")
+            return self._reboot_state(host, lines)
         return UpgradeState(host=host, status="idle")
+
+    def _reboot_state(self, host: str, lines: list[str]) -> UpgradeState:
+        """Every install is done; when one needs a reboot, done only once the host has a new boot id."""
+        if not any(ln.strip() == "reboot needed" for ln in lines):
+            return UpgradeState(host=host, status="done")
+        if not self.reboot_command:
+            return UpgradeState(host=host, status="failed", error="a component needs a reboot and no reboot_command "
+                                "is configured")
+        req = next((ln.split() for ln in lines if ln.startswith("reboot requested ")), None)
+        if req is None:
+            return UpgradeState(host=host, status="idle")  # the driver ended before the reboot: launch again
+        boot = next((ln.split()[1:] for ln in lines if ln.startswith("boot ")), [])
+        before, now_id = (boot + ["", ""])[:2]
+        if before and now_id and before != now_id:
+            return UpgradeState(host=host, status="done")
+        try:
+            waited = float(req[4]) - float(req[2])
+        except (IndexError, ValueError):
+            waited = float("inf")
+        if waited > self.reboot_timeout_s:
+            return UpgradeState(host=host, status="failed", error=(
+                f"reboot not proven: boot id {now_id or 'unreadable'} unchanged {waited:.0f}s after the reboot "
+                f"command (reboot_timeout_s {self.reboot_timeout_s:.0f})"))
+        return UpgradeState(host=host, status="running")  # rebooting
+
+    def _boot_id_sh(self, t: Target) -> str:
+        """Shell that sets B to the host's boot id, reduced to plain characters (host output is untrusted)."""
+        cmd = render(self.boot_id_command, host=t.name, sku=t.sku, gpus=self.checks.gpus(t.sku))
+        return f"B=$(sh -c {shlex.quote(cmd)} 2>/dev/null </dev/null | head -n 1 | tr -cd 'A-Za-z0-9-' | head -c 64)"
 
     # ---- HostRunner: deep health check --------------------------------------------------------
     def _check_names(self) -> list[str]:
@@ -413,7 +465,7 @@ class SshRunner:
         for c, v in expected.items():
             check_token(c)
             check_token(v)
-        d = op_dir(t.work_dir, self._check_op(op)) + "/check"
+        d = op_dir(t.work_dir, self._check_op(op))
         q = shlex.quote
         expect = " ".join(f"{c}={v}" for c, v in sorted(expected.items()))
         body = ["#!/bin/sh", "# railyard health checks: one run per operation, under flock"]
@@ -424,8 +476,11 @@ class SshRunner:
         body.append("touch done")
         script = "\n".join(body) + "\n"
         cmd = "\n".join([
+            f"{self._boot_id_sh(t)}",
+            "[ -n \"$B\" ] || { echo 'no boot id'; exit 3; }",
             "set -e",
-            f"D={q(d)}",
+            # one check per boot: results from before a reboot are never read after it
+            f"D={q(d)}/check-$B",
             'mkdir -p "$D"',
             'cd "$D"',
             f"[ -e check.sh ] || {{ printf '%s\\n' {q(expect)} > expected; "
@@ -441,10 +496,12 @@ class SshRunner:
     def check_outputs(self, host: str, op: str) -> dict[str, Any] | None:
         """Raw outputs of a finished check run, or None while it runs or before it started."""
         t = self.target(host)
-        d = op_dir(t.work_dir, self._check_op(op)) + "/check"
+        d = op_dir(t.work_dir, self._check_op(op))
         mark = "==railyard-" + hashlib.sha256(d.encode()).hexdigest()[:12]
         cmd = "\n".join([
-            f"D={shlex.quote(d)}",
+            self._boot_id_sh(t),
+            "[ -n \"$B\" ] || { echo none; exit 0; }",
+            f"D={shlex.quote(d)}/check-$B",
             'cd "$D" 2>/dev/null || { echo none; exit 0; }',
             "if flock -n check.lock true; then :; else echo running; exit 0; fi",
             "[ -e done ] || { echo idle; exit 0; }",

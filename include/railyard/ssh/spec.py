@@ -76,7 +76,8 @@ class SshSpec(Strict):
     user: Token | None = None
     key_file: AbsPath | None = None
     known_hosts: AbsPath | None = Field(default=None, description="pinned host keys; unknown or changed keys are refused")
-    hosts: dict[Token, SshHostSpec] = Field(min_length=1)
+    hosts: dict[Token, SshHostSpec] = Field(default_factory=dict, description="backend ssh: every host; "
+                                            "backend slurm: fleet.slurm.ssh_hosts instead")
     work_dir: AbsPath = Field(default="/var/tmp/railyard", description="on the host: locks, status files and logs")
     connect_timeout_s: float = Field(default=10, gt=0)
     command_timeout_s: float = Field(default=60, gt=0)
@@ -85,6 +86,11 @@ class SshSpec(Strict):
     versions_ttl_s: float = Field(default=300, ge=0)
     reboot_command: CommandTemplate | None = Field(
         default=None, description="run detached after the installs when a component needs a reboot")
+    reboot_timeout_s: float = Field(default=900, gt=0, description="how long a host may take to come back with "
+                                    "a new boot id after the reboot command; then the upgrade failed")
+    boot_id_command: CommandTemplate = Field(
+        default="cat /proc/sys/kernel/random/boot_id",
+        description="prints the host's boot id; a reboot is proven only by a new one")
     state_db: str | None = Field(default=None, description="SQLite file of host states; default in RAILYARD_HOME")
     checks: HealthChecksSpec = HealthChecksSpec()
 
@@ -93,29 +99,49 @@ class SshSpec(Strict):
         return h.work_dir or self.work_dir
 
 
+def uses_ssh_runner(cfg: RailyardConfig) -> bool:
+    """Hosts are upgraded and checked over SSH: backend ssh, or backend slurm with `runner: ssh` (its default)."""
+    backend = getattr(cfg.fleet, "backend", "http")
+    if backend == "ssh":
+        return True
+    slurm = getattr(cfg.fleet, "slurm", None)
+    return backend == "slurm" and (slurm is None or slurm.runner == "ssh")
+
+
 def ssh_problems(cfg: RailyardConfig) -> list[str]:
     """Checks of the SSH section that need the whole config (domains, components, SKUs)."""
     fleet = cfg.fleet
-    if getattr(fleet, "backend", "http") != "ssh":
+    if not uses_ssh_runner(cfg):
         return []
+    backend = fleet.backend
     ssh = fleet.ssh
     if ssh is None:
+        if backend == "slurm":
+            return ["fleet.ssh: required when fleet.backend is 'slurm' with fleet.slurm.runner 'ssh' (the default): "
+                    "credentials, checks and reboot_command for the nodes (or write runner: standin, for tests only)"]
         return ["fleet.ssh: required when fleet.backend is 'ssh'"]
     problems: list[str] = []
     owner = cfg.host_domain()
-    for i, d in enumerate(cfg.domains):
-        for j, h in enumerate(d.hosts):
-            if h not in ssh.hosts:
-                problems.append(f"domains[{i}].hosts[{j}]: host {h!r} has no entry in fleet.ssh.hosts")
+    if backend == "ssh":
+        for i, d in enumerate(cfg.domains):
+            for j, h in enumerate(d.hosts):
+                if h not in ssh.hosts:
+                    problems.append(f"domains[{i}].hosts[{j}]: host {h!r} has no entry in fleet.ssh.hosts")
+    elif ssh.hosts:
+        problems.append("fleet.ssh.hosts: with backend slurm, node addresses are in fleet.slurm.ssh_hosts "
+                        "(or fleet.slurm.ssh_address, or each node's NodeAddr)")
     for h in ssh.hosts:
         if h not in owner:
             problems.append(f"fleet.ssh.hosts.{h}: host {h!r} is in no domain")
     released = {r.component for r in cfg.releases}
     for i, c in enumerate(cfg.components):
         if c.name in released and getattr(c, "install", None) is None:
-            problems.append(f"components[{i}].install: required for the ssh backend (component {c.name!r})")
+            problems.append(f"components[{i}].install: required for the {backend} backend (component {c.name!r})")
         if c.name in released and getattr(c, "verify", None) is None:
-            problems.append(f"components[{i}].verify: required for the ssh backend (component {c.name!r})")
+            problems.append(f"components[{i}].verify: required for the {backend} backend (component {c.name!r})")
+        if c.reboot and ssh.reboot_command is None:
+            problems.append(f"components[{i}].reboot: component {c.name!r} needs a reboot, but "
+                            "fleet.ssh.reboot_command is not set (a reboot is never assumed)")
     comps = {c.name for c in cfg.components}
     dc = ssh.checks.driver_component
     if "gpu_inventory" in ssh.checks.run and dc is not None and dc not in comps:

@@ -64,11 +64,33 @@ class FleetHook(BaseHook):
             assert ssh is not None
             return SshFleetHook(ssh.connection).fleet(self.config)
         if self.backend == "slurm":
-            from railyard.slurm.fleet import fleet_from_config
-
-            return fleet_from_config(self.config)
+            return _slurm_fleet(self.config)
         extra = self.get_connection(self.fleet_conn_id).extra_dejson
         return HttpFleet(self.base_url, read_timeout=float(extra.get("read_timeout", 15.0)))
+
+
+_SLURM: dict[str, Fleet] = {}
+
+
+def _slurm_fleet(config: RailyardConfig) -> Fleet:
+    """One SlurmFleet per process and config (its SSH connections and version cache are reused).
+    Nodes are reached with the credentials of the Airflow SSH connection `fleet.ssh.connection`."""
+    import hashlib
+
+    from railyard.slurm.fleet import fleet_from_config
+
+    key = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+    if key not in _SLURM:
+        connect = None
+        slurm, ssh = config.fleet.slurm, config.fleet.ssh
+        if ssh is not None and (slurm is None or slurm.runner == "ssh"):
+            from railyard.ssh.runner import paramiko_connector
+            from railyard_airflow.hooks.ssh import SshFleetHook
+
+            creds = SshFleetHook(ssh.connection).credentials(config)
+            connect = paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s)
+        _SLURM[key] = fleet_from_config(config, connect)
+    return _SLURM[key]
 
 
 def fleet_for_url(url: str) -> Fleet:

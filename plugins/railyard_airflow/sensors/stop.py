@@ -113,9 +113,16 @@ class CheckpointSensor(_StopSensor):
             _jobs, since = stop.request_checkpoints()
         except StopError as exc:
             raise AirflowFailException(str(exc)) from None
+        self._enforce(stop, since)
         stale = stop.stale_jobs(since)
         self.log.info("jobs without a fresh checkpoint: %s", ", ".join(stale) or "none")
         return not stale
+
+    def _enforce(self, stop: Stop, since: float) -> None:
+        """The requeue policy runs here, in the task, never in a read or a trigger's poll."""
+        requeued = stop.enforce_checkpoint_policy(since)
+        if requeued:
+            self.log.warning("requeued by policy, without a fresh checkpoint: %s", ", ".join(requeued))
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
@@ -133,6 +140,7 @@ class CheckpointSensor(_StopSensor):
         inline_until = time.monotonic() + min(self.inline_s, self.wait_s)
         while stale and time.monotonic() < inline_until:
             time.sleep(stop.timeouts.poll_s)
+            self._enforce(stop, since)
             stale = stop.stale_jobs(since)
         if not stale:
             self.log.info("every job on %s has a fresh checkpoint", self.domain)
@@ -143,6 +151,16 @@ class CheckpointSensor(_StopSensor):
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
         event = event or {}
+        if event.get("status") == "policy_due":  # the trigger only reports it; the task requeues
+            stop = self.stop_for(context)
+            since = float(event["since"])
+            self._enforce(stop, since)
+            stale = stop.stale_jobs(since)
+            if stale:
+                kw = self.trigger_kwargs(context, stop, float(event["deadline"]) - self.wait_s) | {"since": since}
+                self.defer(trigger=CheckpointTrigger(**kw), method_name="execute_complete",
+                           timeout=timedelta(seconds=max(60.0, kw["deadline"] - time.time() + 60)))
+            event = {"status": "fresh", "message": "silent jobs requeued by policy; the rest checkpointed"}
         if event.get("status") != "fresh":
             raise AirflowFailException(
                 f"jobs on {self.domain} did not checkpoint within {self.wait_s:.0f}s: {event.get('message')}"

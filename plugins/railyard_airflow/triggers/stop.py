@@ -71,8 +71,13 @@ class CheckpointTrigger(_PollingTrigger):
     """Waits until every running job on the domain has checkpointed since the request."""
 
     def probe(self) -> dict[str, Any] | None:
-        stale = _stop(self.kw).stale_jobs(float(self.kw["since"]))
+        stop = _stop(self.kw)
+        since = float(self.kw["since"])
+        stale = stop.stale_jobs(since)
         self.last = f"no fresh checkpoint from {', '.join(stale)}" if stale else ""
+        if stale and stop.policy_due(since):  # a read; the task enforces the policy
+            return {"status": "policy_due", "since": since, "deadline": self.kw["deadline"],
+                    "message": f"silent past the policy's grace: {', '.join(stale)}"}
         if stale:
             self.log.info("waiting for checkpoints of %s", ", ".join(stale))
             return None

@@ -474,3 +474,67 @@ def test_gres_count_of_tres_counts_does_not_add_the_typed_twin() -> None:
     assert parse.gres_count("cpu=8,mem=4G,gres/gpu=16,gres/gpu:h100=16,gres/tmpsize=10737418240") == 16
     assert parse.gres_count("cpu=8,gres/gpu:a100=2,gres/gpu:h100=4") == 6
     assert parse.gres_count("cpu=8,node=2,billing=8") == 0
+
+
+# ---- the Slurm fleet itself reads every version: what a node and a job become ---------------------------
+
+class FixtureCli:
+    """Answers the fleet's reads with a version's recorded output; records any write (there must be none)."""
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.writes: list[tuple[str, ...]] = []
+
+    def run(self, *argv: str, retry: bool = True) -> str:
+        from railyard.slurm.commands import is_write
+
+        if is_write(argv):
+            self.writes.append(argv)
+            return ""
+        if argv[0] == "sinfo":
+            return (FIX / self.case.version / self.case.nodes_file).read_text()
+        if argv[0] == "squeue":
+            return (FIX / self.case.version / "squeue.json").read_text()
+        return ""  # scontrol show reservation: none
+
+
+class NoRunner:
+    """Versions unknown (no host answers here); the fleet's reads must not need more."""
+
+    def versions(self, host: str) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_the_slurm_fleet_reads_every_version(case: Case, tmp_path: Path) -> None:
+    from railyard.config import parse_config
+    from railyard.models import HostState
+    from railyard.slurm.fleet import SlurmFleet
+
+    names = [case.idle, case.admin, case.draining]
+    cfg = parse_config({
+        "components": [{"name": "gpu-driver"}],
+        "releases": [{"id": "d", "component": "gpu-driver", "version": "570.86.15"}],
+        "domains": [{"name": f"d{i}", "hosts": [n]} for i, n in enumerate(names)],
+        "trains": [{"id": "t", "releases": ["d"]}],
+        "buffers": {"maintenance": {"hosts": 1}, "failure": {"hosts": 3}},
+        "fleet": {"backend": "slurm", "slurm": {"runner": "standin"}},
+    })
+    assert cfg.fleet.slurm is not None
+    cli = FixtureCli(case)
+    fleet = SlurmFleet(cfg, cfg.fleet.slurm, NoRunner(), state_dir=tmp_path, cli=cli)  # type: ignore[arg-type]
+    hosts = {h.name: h for h in fleet.hosts()}
+    assert hosts[case.idle].state == HostState.SERVING, hosts[case.idle]
+    # drained or downed by an admin: failed with their reason, never Railyard's to resume
+    assert hosts[case.admin].state == HostState.FAILED and case.admin_reason in (hosts[case.admin].reason or "")
+    # Railyard's own drain ("railyard op=..."), its job still running: draining, with its GPUs from gres
+    assert hosts[case.draining].state == HostState.DRAINING, hosts[case.draining]
+    assert hosts[case.draining].gpus == case.gpus[case.draining]
+    jobs = {j.id: j for j in fleet.jobs()}
+    run = jobs[case.running]
+    assert run.state == "running" and run.hosts == case.running_hosts and run.gpus == case.running_gpus
+    ckpt = case.comments.get(case.running, "")
+    assert run.last_checkpoint == (float(ckpt.split("=")[1]) if ckpt else 0.0)
+    assert jobs[case.pending].state == "pending" and jobs[case.pending].hosts == []
+    assert fleet.capacity().serving_hosts == 1
+    assert cli.writes == []  # reads never write

@@ -107,8 +107,6 @@ class SlurmSpec(Strict):
     def _ssh(self) -> SlurmSpec:
         if self.transport == "ssh" and self.ssh is None:
             raise ValueError("transport 'ssh' needs an 'ssh' section (host, key_file, known_hosts)")
-        if self.runner == "standin" and self.standin is None:
-            self.standin = StandinSpec()
         if self.runner != "standin" and self.standin is not None:
             raise ValueError("standin: only with runner: standin (the stand-in installs nothing; tests only)")
         if self.ssh_address is not None:

@@ -78,8 +78,9 @@ def _write(path: Path, data: dict) -> None:
 
 
 def standin_runner(config: RailyardConfig, spec: SlurmSpec, state_dir: Path) -> HostRunner:
-    st = spec.standin
-    assert st is not None  # the config sets it with runner: standin
+    from railyard.slurm.config import StandinSpec
+
+    st = spec.standin or StandinSpec()
     log.warning(STANDIN_WARNING)
     durations = {c.name: c.duration_s / st.speed for c in config.components}
     return StandinRunner(st.state_dir or state_dir / "standin", durations=durations, check_s=st.check_s,

@@ -253,3 +253,20 @@ def test_domains_derived_from_slurm(world, cluster: SlurmCluster):
     assert by_partition.derived_domains() == {"gpu": [f"n{i}" for i in range(1, 9)]}
     with pytest.raises(ValueError, match="named group"):
         world(domains_from={"pattern": "n[0-9]"})
+
+
+def test_a_maintenance_reservation_overlaps_someone_elses_and_leaves_it_alone(world, cluster: SlurmCluster):
+    """Slurm lets a MAINT reservation overlap others (flags=maint): ours is made beside theirs, and only
+    ours is deleted on return."""
+    cfg, fleet, ledger = world()
+    cluster.cli("scontrol", "create", "reservation", "reservationname=ml_team_demo", "starttime=now",
+                "duration=60", "nodes=n1,n2", "users=root")
+    try:
+        fleet.reserve("slurm/overlap/rack-a", ["rack-a"])
+        res = fleet.reservations()
+        assert {"ml_team_demo", "railyard_rack-a"} <= set(res)
+        assert "MAINT" in res["railyard_rack-a"]["Flags"] and res["ml_team_demo"]["Nodes"] == "n[1-2]"
+        assert fleet.unreserve(["rack-a"]) == ["railyard_rack-a"]
+        assert set(fleet.reservations()) == {"ml_team_demo"}
+    finally:
+        cluster.cli("scontrol", "delete", "reservationname=ml_team_demo")

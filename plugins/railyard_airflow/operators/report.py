@@ -15,6 +15,7 @@ from railyard.escalate import escalate, overdue_domains
 from railyard.releases import describe_drift, describe_plan, drift, plan_train
 from railyard_airflow.context import config, ledger
 from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.mixins import FleetOperator
 
 
 class CycleReportOperator(BaseOperator):
@@ -57,27 +58,20 @@ class CycleReportOperator(BaseOperator):
             "domains", "hosts_to_upgrade", "hosts_visited", "estimate_s", "lowest_serving_fraction")}}
 
 
-class EndRunOperator(BaseOperator):
+class EndRunOperator(FleetOperator):
     """The run's teardown: whatever happened, reservations made ahead for domains no operation holds
     are deleted (`railyard.stop.end_run`), so a halted or failed train leaves none behind."""
 
     ui_color = "#eeeeee"
 
-    def __init__(self, *, train_id: str, fleet_conn_id: str = FleetHook.default_conn_name,
-                 config_path: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, train_id: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.train_id = train_id
-        self.fleet_conn_id = fleet_conn_id
-        self.config_path = config_path
-
-    @cached_property
-    def hook(self) -> FleetHook:
-        return FleetHook(self.fleet_conn_id, config_path=self.config_path)
 
     def execute(self, context: Any) -> list[str]:
         from railyard.stop import end_run
 
-        cfg = config(self.config_path or str(config_path()))
+        cfg = self.cfg()
         gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), ledger(cfg.ledger.url))
         self.log.info("reservations deleted at the end of the run: %s", ", ".join(gone) or "none")
         return gone

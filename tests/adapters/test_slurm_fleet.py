@@ -35,7 +35,7 @@ def world(cluster: SlurmCluster, tmp_path: Path):
 
     def make(**kw):
         cfg = parse_config(slurm_config(cluster, tmp_path / "state", **kw))
-        return cfg, fleet_from_config(cfg), Ledger(f"sqlite:///{tmp_path}/ledger.db")
+        return cfg, fleet_from_config(cfg), Ledger(f"sqlite:///{tmp_path}/state/ledger.db")
 
     return make
 

@@ -75,7 +75,7 @@ def test_train_dag_installs_reboots_and_checks_over_ssh(cluster, farm, fresh, ai
     data["buffers"]["failure"] = {"hosts": 3}  # the three failing hosts fit in the failure buffer
     cfg_path = write_config(tmp_path / "railyard.yaml", data)
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg_path))
-    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
+    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/state/ledger.db")
     boots = {n: farm[n].boot_id() for n in cluster.nodes}
     jobs = [submit(cluster, nodes=2, steps=900) for _ in range(2)]
     cluster._wait("jobs running", lambda: all(job_log(cluster, j) for j in jobs), timeout=30)
@@ -115,7 +115,7 @@ def test_train_dag_installs_reboots_and_checks_over_ssh(cluster, farm, fresh, ai
             run = [line] if line[0] == "start" else [*run, line]
             if line[0] == "term":
                 assert any(x[0] == "ckpt" for x in run), job_log(cluster, j)
-    assert Ledger(f"sqlite:///{tmp_path}/ledger.db").holdings().keys() <= set(PROFILES)
+    assert Ledger(f"sqlite:///{tmp_path}/state/ledger.db").holdings().keys() <= set(PROFILES)
 
 
 def _shim(tmp_path: Path) -> tuple[Path, Path]:
@@ -154,7 +154,7 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
     writes_before = len(fleet.cli.writes)
     shim, log = _shim(tmp_path)
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "RAILYARD_CONFIG": str(cfg_path),
-           "RAILYARD_LEDGER_URL": f"sqlite:///{tmp_path}/ledger.db", "RAILYARD_HOME": str(tmp_path / "home")}
+           "RAILYARD_LEDGER_URL": f"sqlite:///{tmp_path}/state/ledger.db", "RAILYARD_HOME": str(tmp_path / "home")}
     exe = Path(sys.executable).parent / "railyard"
     p = subprocess.run([str(exe), "plan", "slurm"], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -167,7 +167,7 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
 
     # in-process: the plan, the drift, the emergency plan, a stop's dodge check and the trigger's
     # checkpoint poll, all through the one place every Slurm command passes
-    led = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    led = Ledger(f"sqlite:///{tmp_path}/state/ledger.db")
     p1 = plan_train(cfg, cfg.train("slurm"), fleet, led)
     assert p1["hosts_to_upgrade"] == 8
     drift(cfg, fleet.hosts(), fleet.now())
@@ -182,14 +182,14 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
 
     # the dry run of the train DAG: the first task logs the plan, every stop skips
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg_path))
-    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
+    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/state/ledger.db")
     monkeypatch.setenv("PATH", env["PATH"])
     dr = load_dag("railyard_train_slurm").test(run_conf={"dry_run": True})
     assert states(dr)["cycle_report"] == "success"
     assert _writes(log) == [], log.read_text()
-    job = json.loads(cluster.cli("squeue", "--json").stdout)["jobs"][0]
+    job = next(j for j in json.loads(cluster.cli("squeue", "--json").stdout)["jobs"] if str(j["job_id"]) == jid)
     # still on its nodes (SIGSTOPped: Slurm says STOPPED), never requeued by a read
-    assert str(job["job_id"]) == jid and job["job_state"] in ("RUNNING", "STOPPED") and job["restart_cnt"] == 0
+    assert job["job_state"] in ("RUNNING", "STOPPED") and job["restart_cnt"] == 0, job
     assert fleet.reservations() == {}
     assert not [n for n in json.loads(cluster.cli("sinfo", "--json").stdout)["nodes"] if n["state_flags"]]
 
@@ -201,7 +201,7 @@ def test_a_halted_train_and_a_revisit_leave_no_reservation(cluster, farm, fresh,
                                      "max_failure_fraction": 0.1}])
     cfg_path = write_config(tmp_path / "railyard.yaml", data)
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg_path))
-    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
+    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/state/ledger.db")
     seen: set[str] = set()
     with Sampler(cluster) as sampler:
         dr = load_dag("railyard_train_slurm").test()
@@ -215,7 +215,7 @@ def test_a_halted_train_and_a_revisit_leave_no_reservation(cluster, farm, fresh,
     assert fleet.reservations() == {}  # ...and gone with the halted run
 
     # a revisit reserves its own domain only, and deletes it on return
-    led = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    led = Ledger(f"sqlite:///{tmp_path}/state/ledger.db")
     s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-a"),
              op_id=op_id_for("slurm", "again", "rack-a"), fleet=fleet, ledger=led, revisit=True)
     with Sampler(cluster) as sampler:

@@ -33,7 +33,7 @@ def test_train_dag_on_slurm(cluster: SlurmCluster, airflow_db, tmp_path, monkeyp
     reset(cluster)
     cfg_path = write_config(tmp_path / "railyard.yaml", slurm_config(cluster, tmp_path / "state"))
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg_path))
-    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
+    monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/state/ledger.db")
     jobs = [submit(cluster, nodes=2, steps=600) for _ in range(2)]
     cluster._wait("jobs running", lambda: all(job_log(cluster, j) for j in jobs), timeout=30)
     from tests.dags.test_train_run import load_dag
@@ -50,7 +50,7 @@ def test_train_dag_on_slurm(cluster: SlurmCluster, airflow_db, tmp_path, monkeyp
     assert sampler.ever_drained() == set(cluster.nodes)  # Slurm itself saw every node taken out...
     nodes = json.loads(cluster.cli("sinfo", "--json").stdout)["nodes"]
     assert not [n["name"] for n in nodes if "DRAIN" in n["state_flags"]]  # ...and none left drained
-    assert Ledger(f"sqlite:///{tmp_path}/ledger.db").holdings() == {}
+    assert Ledger(f"sqlite:///{tmp_path}/state/ledger.db").holdings() == {}
     for j in jobs:  # every run of a job that was ended by a drain had checkpointed first
         run: list[list[str]] = []
         for line in job_log(cluster, j):

@@ -44,7 +44,7 @@ def airflow_db():
 def ssh_train(tmp_path, monkeypatch, airflow_db):
     farm = SshdFarm(tmp_path / "sshd", NAMES, {h: p for h, (p, _) in FAULTS.items()}).start()
     cfg = write_config(tmp_path / "railyard.yaml",
-                       ssh_config(farm.ssh_hosts_config(), state_db=str(tmp_path / "ssh-fleet.db")))
+                       ssh_config(farm.ssh_hosts_config()))
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg))
     monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/ledger.db")
     monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH", json.dumps({

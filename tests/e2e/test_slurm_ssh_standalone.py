@@ -67,7 +67,7 @@ def test_slurm_train_over_ssh_under_airflow_standalone(cluster, tmp_path):
         log = job_log(cluster, job)
         first_term = next(i for i, line in enumerate(log) if line[0] == "term")
         assert any(line[0] == "ckpt" for line in log[:first_term]), log  # checkpointed before its nodes went
-        assert set(Ledger(f"sqlite:///{stack.home}/ledger.db").holdings()) <= {"n7"}
+        assert set(Ledger(f"sqlite:///{tmp_path}/state/ledger.db").holdings()) <= {"n7"}
     finally:
         if stack is not None:
             stack.stop_airflow()

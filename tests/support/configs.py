@@ -57,8 +57,10 @@ def ssh_config(farm_hosts: dict, *, domains: int = 4, hosts_per_domain: int = 4,
                  "reboot_command": "railyard-reboot {host}", "boot_id_command": "railyard-boot-id",
                  "reboot_timeout_s": 20,
                  "checks": {"dcgm_level": 2, "nccl_min_busbw_gbps": {"h100": 300}, "gpus_per_sku": {"h100": 8}}}
-    for k, v in (("known_hosts", known_hosts), ("key_file", key_file), ("user", user), ("state_db", state_db)):
+    for k, v in (("known_hosts", known_hosts), ("key_file", key_file), ("user", user)):
         if v is not None:
             ssh[k] = v
     base["fleet"] = {"backend": "ssh", "ssh": ssh}
+    if state_db is not None:  # the fleet's state lives in the ledger's database
+        base["ledger"] = {"url": f"sqlite:///{state_db}"}
     return base

@@ -345,7 +345,9 @@ def job_log(cluster: SlurmCluster, job_id: str) -> list[list[str]]:
 def slurm_config(cluster: SlurmCluster, state_dir: Path, *, trains: list[dict] | None = None,
                  **slurm: object) -> dict:
     """8 nodes in 4 racks of 2; two components; the stand-in runner takes a few real seconds."""
+    state_dir.mkdir(parents=True, exist_ok=True)
     return {
+        "ledger": {"url": f"sqlite:///{state_dir}/ledger.db"},  # the ledger, and the fleet's state with it
         "components": [
             {"name": "gpu-driver", "reboot": True, "duration_s": 2},
             {"name": "kernel", "reboot": True, "duration_s": 1},
@@ -363,7 +365,6 @@ def slurm_config(cluster: SlurmCluster, state_dir: Path, *, trains: list[dict] |
             "backend": "slurm",
             "slurm": {
                 "slurm_conf": str(cluster.conf),
-                "state_dir": str(state_dir),
                 "stop_window_s": 60,
                 "runner": "standin",
                 "standin": {"check_s": 1.0,

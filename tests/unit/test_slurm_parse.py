@@ -522,7 +522,10 @@ def test_the_slurm_fleet_reads_every_version(case: Case, tmp_path: Path) -> None
     })
     assert cfg.fleet.slurm is not None
     cli = FixtureCli(case)
-    fleet = SlurmFleet(cfg, cfg.fleet.slurm, NoRunner(), state_dir=tmp_path, cli=cli)  # type: ignore[arg-type]
+    from railyard.state import Store
+
+    store = Store(f"sqlite:///{tmp_path}/state.db")
+    fleet = SlurmFleet(cfg, cfg.fleet.slurm, NoRunner(), store=store, cli=cli)  # type: ignore[arg-type]
     hosts = {h.name: h for h in fleet.hosts()}
     assert hosts[case.idle].state == HostState.SERVING, hosts[case.idle]
     # drained or downed by an admin: failed with their reason, never Railyard's to resume

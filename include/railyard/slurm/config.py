@@ -46,7 +46,6 @@ class CheckpointPolicySpec(Strict):
 class StandinSpec(Strict):
     """The stand-in host runner (tests only: installs nothing): per-node versions in files, realistic durations."""
 
-    state_dir: str | None = Field(default=None, description="default: <fleet.slurm.state_dir>/standin")
     speed: float = Field(default=1.0, gt=0, description="component duration_s is divided by this")
     check_s: float = Field(default=2.0, ge=0)
     initial_versions: dict[Token, Token] = Field(default_factory=dict)
@@ -84,7 +83,6 @@ class SlurmSpec(Strict):
     transport: Literal["local", "ssh"] = "local"
     ssh: SlurmSshSpec | None = None
     slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the local CLI")
-    state_dir: str | None = Field(default=None, description="Railyard's own records; default RAILYARD_HOME/slurm")
     reason_prefix: Token = "railyard"
     reservation_users: list[Token] = Field(default_factory=lambda: ["root"])
     stop_window_s: float = Field(default=3600, ge=60, description="expected length of one stop: the MAINT window")

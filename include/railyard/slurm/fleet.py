@@ -33,11 +33,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import time
-from pathlib import Path
 from typing import Any
+
+from sqlalchemy import select
 
 from railyard.config import RailyardConfig
 from railyard.fleet.port import FleetError, FleetNotFound
@@ -47,6 +47,7 @@ from railyard.slurm import parse
 from railyard.slurm.commands import SlurmCli, expand_hostlist
 from railyard.slurm.config import SlurmSpec
 from railyard.slurm.standin import StandinRunner, op_token
+from railyard.state import Store, put, records
 
 log = logging.getLogger("railyard.slurm")
 
@@ -64,26 +65,16 @@ def _text(value: str, limit: int = 200) -> str:
     return re.sub(r"[^A-Za-z0-9 _.,:=/+-]", " ", value)[:limit].strip()
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+NODE, CKPT, RESV_GONE = "slurm_node", "slurm_ckpt", "slurm_resv_gone"  # kinds of records in the state store
 
 
-def _write(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def standin_runner(config: RailyardConfig, spec: SlurmSpec, state_dir: Path) -> HostRunner:
+def standin_runner(config: RailyardConfig, spec: SlurmSpec, store: Store) -> HostRunner:
     from railyard.slurm.config import StandinSpec
 
     st = spec.standin or StandinSpec()
     log.warning(STANDIN_WARNING)
     durations = {c.name: c.duration_s / st.speed for c in config.components}
-    return StandinRunner(st.state_dir or state_dir / "standin", durations=durations, check_s=st.check_s,
+    return StandinRunner(store, durations=durations, check_s=st.check_s,
                          initial_versions=st.initial_versions, fail_checks=st.fail_checks)
 
 
@@ -91,10 +82,9 @@ def fleet_from_config(config: RailyardConfig, connect: Any = None) -> SlurmFleet
     """The configured runner: SSH (credentials from `connect`, or fleet.ssh's user/key_file/known_hosts)
     or, only when written explicitly, the stand-in."""
     spec = config.fleet.slurm or SlurmSpec()
-    home = Path(os.environ.get("RAILYARD_HOME", ".railyard"))
-    state_dir = Path(spec.state_dir) if spec.state_dir else home / "slurm"
+    store = Store(config.ledger.url)
     if spec.runner == "standin":
-        return SlurmFleet(config, spec, standin_runner(config, spec, state_dir), state_dir=state_dir)
+        return SlurmFleet(config, spec, standin_runner(config, spec, store), store=store)
     from railyard.ssh.runner import Credentials, SshRunner, paramiko_connector
 
     ssh = config.fleet.ssh
@@ -109,21 +99,19 @@ def fleet_from_config(config: RailyardConfig, connect: Any = None) -> SlurmFleet
         connect = paramiko_connector(Credentials(str(ssh.user), str(ssh.key_file), str(ssh.known_hosts)),
                                      connect_timeout=ssh.connect_timeout_s)
     runner = SshRunner.from_config(config, connect)
-    fleet = SlurmFleet(config, spec, runner, state_dir=state_dir)
+    fleet = SlurmFleet(config, spec, runner, store=store)
     runner.resolve = fleet.ssh_target
     return fleet
 
 
 class SlurmFleet:
     def __init__(self, config: RailyardConfig, spec: SlurmSpec, runner: HostRunner, *,
-                 state_dir: str | os.PathLike[str], cli: SlurmCli | None = None):
+                 store: Store | None = None, cli: SlurmCli | None = None):
         self.config = config
         self.spec = spec
         self.runner = runner
         self.cli = cli or SlurmCli(spec)
-        self.dir = Path(state_dir)
-        for sub in ("nodes", "ckpt", "resv"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.store = store or Store(config.ledger.url)  # node records, checkpoint requests, notes
         self.domain_of = config.host_domain()
         self.sku_of = {h: d.sku for d in config.domains for h in d.hosts}
         self.prefix = spec.reason_prefix
@@ -167,16 +155,18 @@ class SlurmFleet:
         return re.fullmatch(rf"{re.escape(self.prefix)} op=\S+", reason) is not None
 
     def _record(self, host: str) -> dict | None:
-        return _read(self.dir / "nodes" / f"{host}.json")
+        return self.store.get(NODE, host)
 
     def _set_record(self, host: str, **data: Any) -> None:
-        _write(self.dir / "nodes" / f"{host}.json", data)
+        self.store.put(NODE, host, data)
 
     def _update_record(self, host: str, **data: Any) -> None:
-        self._set_record(host, **{**(self._record(host) or {}), **data})
+        with self.store.write() as c:
+            cur = c.execute(select(records.c.data).where(records.c.kind == NODE, records.c.key == host)).first()
+            put(c, NODE, host, {**(json.loads(cur[0]) if cur else {}), **data})
 
     def _drop_record(self, host: str) -> None:
-        (self.dir / "nodes" / f"{host}.json").unlink(missing_ok=True)
+        self.store.drop(NODE, host)
 
     def _check_hosts(self, hosts: list[str]) -> list[str]:
         for h in hosts:
@@ -257,7 +247,8 @@ class SlurmFleet:
         """Per node: its versions (and, when held, its upgrade state), read on the hosts side by side."""
         now = time.monotonic()
         ttl = self.config.fleet.ssh.versions_ttl_s if self.config.fleet.ssh else 0.0
-        held = [n for n in names if (self._record(n) or {}).get("phase") == "held"]
+        recs = self.store.all(NODE)
+        held = [n for n in names if (recs.get(n) or {}).get("phase") == "held"]
         cached = {n: v for n in names if n not in held and (v := self._versions_cache.get(n)) and now - v[0] < ttl}
         ask = [n for n in names if n not in cached]
         got = self._fan(ask, lambda n: self._held_view(n, nodes.get(n)))
@@ -341,7 +332,7 @@ class SlurmFleet:
         state = parse.job_state(j)
         kind = "running" if state in _RUNNING_JOB else "pending" if state in _PENDING_JOB else "done"
         m = CKPT_RE.search(parse.job_comment(j))
-        req = _read(self.dir / "ckpt" / f"{jid}.json")
+        req = self.store.get(CKPT, jid)
         hosts = expand_hostlist(parse.job_nodes(j)) if kind == "running" else []
         return Job(id=jid, hosts=hosts, gpus=parse.job_gpus(j, gpus_of) if kind == "running" else 0, state=kind,
                    last_checkpoint=float(m.group(1)) if m else 0.0,
@@ -365,13 +356,10 @@ class SlurmFleet:
 
     # ---- notes (what the run reports beyond the ledger) -----------------------------------------
     def _note(self, kind: str, **data: Any) -> None:
-        with (self.dir / "notes.jsonl").open("a") as f:
-            f.write(json.dumps({"at": self.now(), "kind": kind, **data}) + "\n")
+        self.store.note(kind, **data)
 
     def notes(self, kind: str | None = None) -> list[dict]:
-        p = self.dir / "notes.jsonl"
-        rows = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
-        return [r for r in rows if kind is None or r["kind"] == kind]
+        return self.store.notes(kind)
 
     def losses(self) -> list[dict]:
         return self.notes("checkpoint_loss")
@@ -394,9 +382,7 @@ class SlurmFleet:
         nodes = self._nodes()
         self._replay_unreserve()
         wrote = False
-        for f in sorted((self.dir / "nodes").glob("*.json")):
-            rec = _read(f)
-            name = f.stem
+        for name, rec in sorted(self.store.all(NODE).items()):
             node = nodes.get(name)
             if not rec or node is None:
                 continue
@@ -442,17 +428,16 @@ class SlurmFleet:
                    if parse.job_state(j) in _RUNNING_JOB}
         scope = "--full" if self.spec.checkpoint.signal_to == "full" else "--batch"
         for jid in job_ids:
-            _write(self.dir / "ckpt" / f"{jid}.json", {"requested_at": at, "nodes": running.get(jid, [])})
+            self.store.put(CKPT, jid, {"requested_at": at, "nodes": running.get(jid, [])})
             if jid in running:
                 self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", scope, jid)
         return at
 
     def _clear_checkpoint_requests(self, *, jobs: set[str] = frozenset(), nodes: set[str] = frozenset()) -> None:
         """A stop's requests end with its drain or its return: a later read never acts on them again."""
-        for f in (self.dir / "ckpt").glob("*.json"):
-            rec = _read(f) or {}
-            if f.stem in jobs or set(rec.get("nodes") or []) & nodes:
-                f.unlink(missing_ok=True)
+        for jid, rec in self.store.all(CKPT).items():
+            if jid in jobs or set(rec.get("nodes") or []) & nodes:
+                self.store.drop(CKPT, jid)
 
     # ---- reservations ----------------------------------------------------------------------------
     def _resv_name(self, domain: str) -> str:
@@ -475,7 +460,7 @@ class SlurmFleet:
             rname = self._resv_name(name)
             start = "now" if i == 0 else f"now+{i * minutes * 60}seconds"
             if rname not in existing:
-                (self.dir / "resv" / f"{rname}.json").unlink(missing_ok=True)
+                self.store.drop(RESV_GONE, rname)
                 try:
                     self.cli.run("scontrol", "create", "reservation", f"reservationname={rname}", f"starttime={start}",
                                  f"duration={minutes}", f"nodes={','.join(hosts)}", "flags=maint,ignore_jobs",
@@ -498,7 +483,7 @@ class SlurmFleet:
         gone = []
         for domain in domains:
             rname = self._resv_name(domain)
-            _write(self.dir / "resv" / f"{rname}.json", {"until": self.now() + 2 * self.spec.stop_window_s})
+            self.store.put(RESV_GONE, rname, {"until": self.now() + 2 * self.spec.stop_window_s})
             if rname in existing:
                 self.cli.run("scontrol", "delete", f"reservationname={rname}")
                 self._note("unreserve", name=rname)
@@ -508,12 +493,11 @@ class SlurmFleet:
     def _replay_unreserve(self) -> None:
         """A reservation deleted on return that a restarted controller brought back is deleted again."""
         gone = {}
-        for f in (self.dir / "resv").glob("*.json"):
-            rec = _read(f)
-            if rec and rec["until"] > self.now():
-                gone[f.stem] = rec
+        for rname, rec in self.store.all(RESV_GONE).items():
+            if rec["until"] > self.now():
+                gone[rname] = rec
             else:
-                f.unlink(missing_ok=True)
+                self.store.drop(RESV_GONE, rname)
         if not gone:
             return
         for rname in set(gone) & set(self.reservations()):

@@ -1,8 +1,8 @@
 """`SshFleet`: the Fleet port for plain hosts reached over SSH, with no job scheduler.
 
-Host states (serving, drained, upgrading, checking, repair...) are Railyard's own record, kept in a
-small SQLite file, with every transition in an `events` table: the audit of which domains were out
-and when. Drain, return and offboard are state changes here; upgrades and deep checks run on the
+Host states (serving, drained, upgrading, checking, repair...) are Railyard's own record, kept in the
+ledger's database (`railyard.state`: one state store for every worker), with every transition in
+`fleet_events`: the audit of which domains were out and when. Drain, return and offboard are state changes here; upgrades and deep checks run on the
 hosts through an `SshRunner`, detached, and are observed by polling when `hosts()` is read. There
 are no jobs: `jobs()` is empty and a checkpoint request is answered at once.
 """
@@ -11,49 +11,28 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Connection, RowMapping
 
 from railyard.config import RailyardConfig
 from railyard.fleet.port import FleetError
 from railyard.hosts.port import RunnerError
 from railyard.models import MAINTENANCE_STATES, Capacity, CheckResult, Host, HostState, Job, Step, check_token
 from railyard.ssh.runner import Connector, SshRunner, result_of
+from railyard.state import Store, fleet_events, ssh_checks, ssh_hosts
 
 log = logging.getLogger("railyard.ssh")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS hosts (
-  name TEXT PRIMARY KEY, domain TEXT NOT NULL, sku TEXT NOT NULL, state TEXT NOT NULL,
-  operation TEXT, reason TEXT, last_error TEXT, versions TEXT NOT NULL DEFAULT '{}',
-  versions_at REAL NOT NULL DEFAULT 0, steps TEXT, expected TEXT, since REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS checks (
-  op TEXT NOT NULL, host TEXT NOT NULL, status TEXT NOT NULL, reason TEXT, versions TEXT NOT NULL,
-  verdicts TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (op, host)
-);
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, host TEXT NOT NULL, domain TEXT NOT NULL,
-  from_state TEXT, to_state TEXT NOT NULL, op TEXT, reason TEXT
-);
-"""
-
-
-def default_state_db() -> Path:
-    home = Path(os.environ.get("RAILYARD_HOME", Path.home() / ".railyard"))
-    home.mkdir(parents=True, exist_ok=True)
-    return home / "ssh-fleet.db"
+Row = RowMapping
 
 
 class SshFleet:
-    """A `Fleet` over the hosts of `config.fleet.ssh`, driven through `runner`."""
+    """A `Fleet` over the hosts of `config.fleet.ssh`, driven through `runner`; state in `store`."""
 
-    def __init__(self, config: RailyardConfig, runner: SshRunner, state_db: str | os.PathLike[str] | None = None,
+    def __init__(self, config: RailyardConfig, runner: SshRunner, store: Store | None = None,
                  *, grace_s: float = 300.0):
         ssh = config.fleet.ssh
         if ssh is None:
@@ -61,58 +40,45 @@ class SshFleet:
         self.config = config
         self.ssh = ssh
         self.runner = runner
-        self.path = Path(state_db or ssh.state_db or default_state_db())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.store = store or Store(config.ledger.url)
         self.grace_s = grace_s
         self.domain_of = config.host_domain()
         self.sku_of = {h: d.sku for d in config.domains for h in d.hosts}
-        with self._db() as c:
-            c.executescript(_SCHEMA)
 
     @classmethod
-    def from_config(cls, config: RailyardConfig, connect: Connector, state_db: str | None = None) -> SshFleet:
-        return cls(config, SshRunner.from_config(config, connect), state_db)
+    def from_config(cls, config: RailyardConfig, connect: Connector, store: Store | None = None) -> SshFleet:
+        return cls(config, SshRunner.from_config(config, connect), store)
 
     def __repr__(self) -> str:
-        return f"SshFleet({len(self.domain_of)} hosts, state {self.path})"
+        return f"SshFleet({len(self.domain_of)} hosts, state in the ledger's database)"
 
     def close(self) -> None:
         self.runner.close()
 
     # ---- storage ------------------------------------------------------------------------------
-    @contextmanager
-    def _db(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        c = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        c.row_factory = sqlite3.Row
-        try:
-            c.execute("PRAGMA journal_mode=WAL")
-            if write:
-                c.execute("BEGIN IMMEDIATE")
-            yield c
-            if write:
-                c.execute("COMMIT")
-        except BaseException:
-            if write and c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
-        finally:
-            c.close()
+    def _rows(self, names: list[str] | None) -> dict[str, Row]:
+        q = select(ssh_hosts)
+        if names is not None:
+            q = q.where(ssh_hosts.c.name.in_(list(names)))
+        with self.store.read() as c:
+            return {r["name"]: r for r in c.execute(q).mappings().all()}
 
-    def _rows(self, names: list[str] | None) -> dict[str, sqlite3.Row]:
-        with self._db() as c:
-            rows = c.execute("SELECT * FROM hosts").fetchall()
-        out = {r["name"]: r for r in rows}
-        return out if names is None else {n: out[n] for n in names if n in out}
+    @staticmethod
+    def _row(c: Connection, name: str) -> Row | None:
+        return c.execute(select(ssh_hosts).where(ssh_hosts.c.name == name)).mappings().first()
 
-    def _set(self, c: sqlite3.Connection, name: str, reason_for_event: str | None = None, **fields: Any) -> None:
-        row = c.execute("SELECT state, domain, operation FROM hosts WHERE name = ?", (name,)).fetchone()
-        if "state" in fields and (row is None or row["state"] != fields["state"]):
+    def _event(self, c: Connection, name: str, from_state: str | None, to_state: str, op: str | None,
+               reason: str | None) -> None:
+        c.execute(insert(fleet_events).values(at=time.time(), host=name, domain=self.domain_of[name],
+                                              from_state=from_state, to_state=to_state, op=op, reason=reason))
+
+    def _set(self, c: Connection, name: str, reason_for_event: str | None = None, **fields: Any) -> None:
+        row = self._row(c, name)
+        if "state" in fields and (row is None or row["state"] != str(fields["state"])):
             fields.setdefault("since", time.time())
-            c.execute("INSERT INTO events (at, host, domain, from_state, to_state, op, reason) VALUES (?,?,?,?,?,?,?)",
-                      (time.time(), name, self.domain_of[name], row["state"] if row else None, str(fields["state"]),
-                       fields.get("operation", row["operation"] if row else None), reason_for_event))
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        c.execute(f"UPDATE hosts SET {cols} WHERE name = ?", (*[_enc(v) for v in fields.values()], name))  # noqa: S608
+            self._event(c, name, row["state"] if row else None, str(fields["state"]),
+                        fields.get("operation", row["operation"] if row else None), reason_for_event)
+        c.execute(update(ssh_hosts).where(ssh_hosts.c.name == name).values(**{k: _enc(v) for k, v in fields.items()}))
 
     def _known(self, names: list[str]) -> list[str]:
         for n in names:
@@ -129,18 +95,19 @@ class SshFleet:
             return
         found = self.runner.fan_out(new, self.runner.versions)
         now = time.time()
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             for n in new:
+                if self._row(c, n) is not None:
+                    continue  # another worker saw it first
                 v = found[n]
                 state, reason = (HostState.SERVING, None) if not isinstance(v, BaseException) else (HostState.FAILED, f"unreachable: {v}")
-                c.execute("INSERT OR IGNORE INTO hosts (name, domain, sku, state, reason, versions, versions_at, since) "
-                          "VALUES (?,?,?,?,?,?,?,?)",
-                          (n, self.domain_of[n], self.sku_of[n], str(state), reason,
-                           json.dumps(v if isinstance(v, dict) else {}), now if isinstance(v, dict) else 0, now))
-                c.execute("INSERT INTO events (at, host, domain, from_state, to_state, op, reason) VALUES (?,?,?,?,?,?,?)",
-                          (now, n, self.domain_of[n], None, str(state), None, reason or "first sight"))
+                c.execute(insert(ssh_hosts).values(
+                    name=n, domain=self.domain_of[n], sku=self.sku_of[n], state=str(state), reason=reason,
+                    versions=json.dumps(v if isinstance(v, dict) else {}), versions_at=now if isinstance(v, dict) else 0,
+                    since=now))
+                self._event(c, n, None, str(state), None, reason or "first sight")
 
-    def _poll(self, rows: dict[str, sqlite3.Row]) -> None:
+    def _poll(self, rows: dict[str, Row]) -> None:
         now = time.time()
         ttl = self.ssh.versions_ttl_s
         stale = [n for n, r in rows.items() if r["state"] == HostState.SERVING and now - r["versions_at"] > ttl]
@@ -158,10 +125,10 @@ class SshFleet:
             return "check", self._poll_check(rows[n])
 
         results = self.runner.fan_out(stale + upgrading + checking, work)
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             for n, res in results.items():
-                r = c.execute("SELECT * FROM hosts WHERE name = ?", (n,)).fetchone()
-                if r["state"] != rows[n]["state"] or r["operation"] != rows[n]["operation"]:
+                r = self._row(c, n)
+                if r is None or r["state"] != rows[n]["state"] or r["operation"] != rows[n]["operation"]:
                     continue  # someone else moved it on meanwhile
                 if isinstance(res, BaseException):
                     self._on_poll_error(c, r, res, now)
@@ -173,14 +140,11 @@ class SshFleet:
                     self._set(c, n, "upgrade " + val["status"], state=HostState.DRAINED, versions=val["versions"],
                               versions_at=now, last_error=val.get("error"))
                 elif kind == "check" and val is not None:
-                    c.execute("INSERT OR REPLACE INTO checks (op, host, status, reason, versions, verdicts, at) "
-                              "VALUES (?,?,?,?,?,?,?)",
-                              (r["operation"], n, val["result"].status, val["result"].reason,
-                               json.dumps(val["result"].versions), json.dumps(val["verdicts"]), now))
+                    self._put_check(c, r["operation"], n, val["result"], val["verdicts"])
                     self._set(c, n, "check " + val["result"].status, state=HostState.DRAINED,
                               versions=val["result"].versions, versions_at=now)
 
-    def _on_poll_error(self, c: sqlite3.Connection, r: sqlite3.Row, exc: BaseException, now: float) -> None:
+    def _on_poll_error(self, c: Connection, r: Row, exc: BaseException, now: float) -> None:
         """A host that stops answering mid-work (a reboot) is waited for, up to its time budget."""
         log.warning("%s: poll failed: %s", r["name"], exc)
         if r["state"] == HostState.UPGRADING:
@@ -193,7 +157,7 @@ class SshFleet:
             self._record_check(c, r["name"], r["operation"], CheckResult(
                 host=r["name"], status="failed", reason=f"health check lost: host not answering ({exc})"), [])
 
-    def _poll_upgrade(self, r: sqlite3.Row) -> dict | None:
+    def _poll_upgrade(self, r: Row) -> dict | None:
         name, op = r["name"], r["operation"]
         st = self.runner.upgrade_state(name, op)
         if st.status == "running":
@@ -204,7 +168,7 @@ class SshFleet:
             return None
         return {"status": st.status, "error": st.error, "versions": self.runner.versions(name)}
 
-    def _poll_check(self, r: sqlite3.Row) -> dict | None:
+    def _poll_check(self, r: Row) -> dict | None:
         name, op = r["name"], r["operation"]
         expected = json.loads(r["expected"] or "{}")
         v = self.runner.verdicts(name, expected, op)
@@ -215,9 +179,16 @@ class SshFleet:
         verdicts, versions = v
         return {"result": result_of(name, verdicts, versions), "verdicts": [x.model_dump() for x in verdicts]}
 
-    def _record_check(self, c: sqlite3.Connection, host: str, op: str, res: CheckResult, verdicts: list) -> None:
-        c.execute("INSERT OR REPLACE INTO checks (op, host, status, reason, versions, verdicts, at) VALUES (?,?,?,?,?,?,?)",
-                  (op, host, res.status, res.reason, json.dumps(res.versions), json.dumps(verdicts), time.time()))
+    @staticmethod
+    def _put_check(c: Connection, op: str, host: str, res: CheckResult, verdicts: list) -> None:
+        vals = dict(status=res.status, reason=res.reason, versions=json.dumps(res.versions),
+                    verdicts=json.dumps(verdicts), at=time.time())
+        n = c.execute(update(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host == host).values(**vals)).rowcount
+        if not n:
+            c.execute(insert(ssh_checks).values(op=op, host=host, **vals))
+
+    def _record_check(self, c: Connection, host: str, op: str, res: CheckResult, verdicts: list) -> None:
+        self._put_check(c, op, host, res, verdicts)
         self._set(c, host, "check " + res.status, state=HostState.DRAINED)
 
     # ---- the Fleet protocol ---------------------------------------------------------------------
@@ -243,9 +214,10 @@ class SshFleet:
 
     def drain(self, hosts: list[str], op: str) -> None:
         self._first_sight(self._known(list(hosts)))
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             for n in hosts:
-                r = c.execute("SELECT state, operation FROM hosts WHERE name = ?", (n,)).fetchone()
+                r = self._row(c, n)
+                assert r is not None  # first sight above
                 if r["state"] == HostState.SERVING:
                     self._set(c, n, "drain", state=HostState.DRAINED, operation=op, last_error=None)
                 elif r["operation"] != op and r["state"] in MAINTENANCE_STATES:
@@ -260,7 +232,7 @@ class SshFleet:
             raise FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); drain it under {op!r} first")
         if not steps:
             return
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps], last_error=None)
         try:
             self.runner.upgrade(host, steps, op)
@@ -280,7 +252,7 @@ class SshFleet:
             return CheckResult(host=host, status="pending")
         if r["state"] != HostState.DRAINED or r["operation"] != op:
             raise FleetError(f"{host} is {r['state']} (operation {r['operation']!r}); only a drained host is checked")
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             self._set(c, host, "check", state=HostState.CHECKING, expected=dict(expected))
         try:
             self.runner.start_check(host, expected, op)
@@ -289,8 +261,8 @@ class SshFleet:
         return CheckResult(host=host, status="pending")
 
     def _check_row(self, op: str, host: str) -> CheckResult | None:
-        with self._db() as c:
-            row = c.execute("SELECT * FROM checks WHERE op = ? AND host = ?", (op, host)).fetchone()
+        with self.store.read() as c:
+            row = c.execute(select(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host == host)).mappings().first()
         if row is None:
             return None
         return CheckResult(host=host, status=row["status"], reason=row["reason"], versions=json.loads(row["versions"]))
@@ -301,32 +273,34 @@ class SshFleet:
 
     def check_evidence(self, host: str, op: str) -> list[dict]:
         """The structured verdicts of the deep check (each with its evidence)."""
-        with self._db() as c:
-            row = c.execute("SELECT verdicts FROM checks WHERE op = ? AND host = ?", (op, host)).fetchone()
+        with self.store.read() as c:
+            row = c.execute(select(ssh_checks.c.verdicts).where(ssh_checks.c.op == op, ssh_checks.c.host == host)
+                            ).mappings().first()
         return json.loads(row["verdicts"]) if row else []
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
         self._known(list(hosts))
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             for n in hosts:
-                r = c.execute("SELECT state, operation FROM hosts WHERE name = ?", (n,)).fetchone()
-                if r["state"] == HostState.SERVING:
+                r = self._row(c, n)
+                if r is None or r["state"] == HostState.SERVING:
                     continue
-                chk = c.execute("SELECT status FROM checks WHERE op = ? AND host = ?", (op, n)).fetchone()
+                chk = c.execute(select(ssh_checks.c.status).where(ssh_checks.c.op == op, ssh_checks.c.host == n)
+                                ).mappings().first()
                 if r["state"] != HostState.DRAINED or r["operation"] != op or chk is None or chk["status"] != "passed":
                     raise FleetError(f"{n} cannot return: it is {r['state']} and has no passing check under {op!r}")
                 self._set(c, n, "return", state=HostState.SERVING, operation=None, last_error=None)
 
     def offboard(self, host: str, reason: str, op: str) -> None:
         self._known([host])
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             self._set(c, host, reason[:1000], state=HostState.REPAIR, operation=op, reason=reason[:1000])
 
     def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
         self._known(list(hosts))
-        with self._db(write=True) as c:
+        with self.store.write() as c:
             for n in hosts:
-                r = c.execute("SELECT operation FROM hosts WHERE name = ?", (n,)).fetchone()
+                r = self._row(c, n)
                 if r is not None and r["operation"] == from_op:
                     self._set(c, n, operation=to_op)
 
@@ -344,8 +318,9 @@ class SshFleet:
 
     # ---- audit -----------------------------------------------------------------------------------
     def events(self) -> list[dict]:
-        with self._db() as c:
-            return [dict(r) for r in c.execute("SELECT * FROM events ORDER BY id")]
+        with self.store.read() as c:
+            return [dict(r) for r in c.execute(select(fleet_events).where(fleet_events.c.host.in_(list(self.domain_of)))
+                                               .order_by(fleet_events.c.id)).mappings()]
 
     def max_domains_out(self) -> int:
         """The most domains with a host out for maintenance at any instant, replayed from the events."""
@@ -366,4 +341,4 @@ def _enc(v: Any) -> Any:
     return v
 
 
-__all__ = ["SshFleet", "default_state_db"]
+__all__ = ["SshFleet"]

@@ -91,7 +91,6 @@ class SshSpec(Strict):
     boot_id_command: CommandTemplate = Field(
         default="cat /proc/sys/kernel/random/boot_id",
         description="prints the host's boot id; a reboot is proven only by a new one")
-    state_db: str | None = Field(default=None, description="SQLite file of host states; default in RAILYARD_HOME")
     checks: HealthChecksSpec = HealthChecksSpec()
 
     def host_work_dir(self, host: str) -> str:

@@ -20,6 +20,7 @@ from railyard.ledger import Budget, Decision, Ledger
 from railyard.models import BROKEN_STATES, Host, HostState, Step
 
 log = logging.getLogger("railyard.stop")
+TEND_EVERY_S = 5.0  # how often a waiting step relaunches its own detached work that is not running
 
 
 class StopError(RuntimeError):
@@ -133,7 +134,12 @@ class Stop:
     def _wait(self, what: str, timeout: float, probe: Callable[[], tuple[bool, str]]) -> None:
         deadline = self.clock() + timeout
         last = ""
+        tend = getattr(self.fleet, "tend", None)  # fleets that babysit detached work (SSH): a write step's job
+        tended = self.clock()  # the step itself just launched what it needs; relaunch only what then stops
         while True:
+            if tend is not None and self.clock() - tended >= TEND_EVERY_S:
+                tend(self.held(), self.op_id)
+                tended = self.clock()
             done, status = probe()
             if status != last:
                 self.say(f"{self.domain.name}: {status}")

@@ -237,3 +237,42 @@ def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp
     monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH_BARE", json.dumps({"conn_type": "ssh", "login": "x"}))
     with pytest.raises(ValueError, match="missing key_file, known_hosts"):
         SshFleetHook("railyard_ssh_bare").credentials(cfg)
+
+
+def test_a_dead_driver_is_relaunched_by_the_stops_write_step_never_by_a_read(fresh, tmp_path):
+    """The host-side driver dies mid-install (a host crash): reads (plan, drift, polls) see it and start
+    nothing; `tend`, which the stop's waiting steps call, launches it again and it finishes once."""
+    cfg = parse_config(ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
+    fleet = SshFleet.from_config(cfg, paramiko_connector(creds(fresh)))
+    op = "demo/run-crash/pod-a"
+    h = fresh["gpu-a01"]
+    (h.state / "install_seconds").write_text("2\n")
+    try:
+        fleet.drain(["gpu-a01"], op)
+        fleet.upgrade("gpu-a01", [Step(component="kernel", version="6.1.0-28")], op)
+        deadline = time.monotonic() + 20
+        while not h.installs():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        d = Path(op_dir(str(h.work_dir), op))
+        for pid in os.listdir("/proc"):  # the host crashes: its driver and the install die
+            try:
+                if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == str(d):
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        for _ in range(3):  # reads: the host is still upgrading, nothing is launched
+            assert fleet.hosts(["gpu-a01"])[0].state == HostState.UPGRADING
+        assert (d / "driver.log").read_text().count("driver start") == 1 and len(h.installs()) == 1
+        assert fleet.tend(["gpu-a01"], op) == ["gpu-a01"]  # the write step launches it again
+        assert fleet.tend(["gpu-a01"], op) == []  # running now: nothing more
+        deadline = time.monotonic() + 30
+        while fleet.hosts(["gpu-a01"])[0].state == HostState.UPGRADING:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert h.version("kernel") == "6.1.0-28" and (d / "kernel.status").read_text().strip() == "0"
+        assert [ln.split()[0] for ln in h.installs()] == ["kernel", "kernel"]  # the killed one, then the rerun
+        assert (d / "driver.log").read_text().count("driver start") == 2
+    finally:
+        fleet.close()

@@ -162,9 +162,7 @@ class SshFleet:
         st = self.runner.upgrade_state(name, op)
         if st.status == "running":
             return None
-        if st.status == "idle":  # never launched, or the driver died: launching again re-attaches
-            steps = [Step.model_validate(s) for s in json.loads(r["steps"] or "[]")]
-            self.runner.upgrade(name, steps, op)
+        if st.status == "idle":  # never launched, or the driver died: `tend` (a write step) launches again
             return None
         return {"status": st.status, "error": st.error, "versions": self.runner.versions(name)}
 
@@ -173,9 +171,7 @@ class SshFleet:
         expected = json.loads(r["expected"] or "{}")
         v = self.runner.verdicts(name, expected, op)
         if isinstance(v, str):
-            if v in ("idle", "none"):
-                self.runner.start_check(name, expected, op)
-            return None
+            return None  # running, or not started (then `tend` starts it): a read starts nothing
         verdicts, versions = v
         return {"result": result_of(name, verdicts, versions), "verdicts": [x.model_dump() for x in verdicts]}
 
@@ -190,6 +186,33 @@ class SshFleet:
     def _record_check(self, c: Connection, host: str, op: str, res: CheckResult, verdicts: list) -> None:
         self._put_check(c, op, host, res, verdicts)
         self._set(c, host, "check " + res.status, state=HostState.DRAINED)
+
+    def tend(self, hosts: list[str], op: str) -> list[str]:
+        """Launch again the work of `op` whose detached driver or check is not running on the host
+        (never launched: a lost connection; or died: a host crash). Called by the stop's own write
+        steps while they wait (`Stop._wait`), never by a read: plan, drift and polls start nothing.
+        Relaunching is safe: the driver runs under `flock` and skips every step already done."""
+        rows = {n: r for n, r in self._rows(self._known(list(hosts))).items() if r["operation"] == op
+                and r["state"] in (HostState.UPGRADING, HostState.CHECKING)}
+
+        def one(n: str) -> bool:
+            r = rows[n]
+            if r["state"] == HostState.UPGRADING:
+                if self.runner.upgrade_state(n, op).status != "idle":
+                    return False
+                self.runner.upgrade(n, [Step.model_validate(x) for x in json.loads(r["steps"] or "[]")], op)
+                return True
+            expected = json.loads(r["expected"] or "{}")
+            if self.runner.verdicts(n, expected, op) not in ("idle", "none"):
+                return False
+            self.runner.start_check(n, expected, op)
+            return True
+
+        done = self.runner.fan_out(list(rows), one)
+        again = sorted(n for n, v in done.items() if v is True)
+        if again:
+            log.warning("%s: relaunched the work of %s on %s", op, op, ", ".join(again))
+        return again
 
     # ---- the Fleet protocol ---------------------------------------------------------------------
     def now(self) -> float:

@@ -530,8 +530,12 @@ class Stop:
 
 
 def end_run(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: Ledger) -> list[str]:
-    """A run has ended (done, failed or halted): the reservations its stops made ahead for domains
-    that no operation now holds are deleted (fleets with reservations: Slurm). Idempotent."""
+    """A run has ended (done, failed or halted): the health gate runs once more, and the reservations
+    its stops made ahead for domains that no operation now holds are deleted (fleets with
+    reservations: Slurm). Idempotent."""
+    gate = getattr(fleet, "enforce_gate", None)
+    if gate is not None:  # the last word of the run: drains and resumes a restarted controller lost
+        gate()
     unreserve = getattr(fleet, "unreserve", None)
     if unreserve is None:
         return []

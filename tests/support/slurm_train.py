@@ -14,7 +14,7 @@ from pathlib import Path
 from railyard.config import RailyardConfig
 from railyard.ledger import Ledger
 from railyard.slurm.commands import expand_hostlist
-from railyard.stop import Stop, StopError, op_id_for
+from railyard.stop import Stop, StopError, end_run, op_id_for
 from tests.support.slurm_cluster import SlurmCluster
 
 log = logging.getLogger("tests.slurm_train")
@@ -72,6 +72,7 @@ def run_train(config: RailyardConfig, fleet, ledger: Ledger, train_id: str, run_
         s = Stop(config=config, train=train, domain=domain, op_id=op_id_for(train_id, run_id, domain.name),
                  fleet=fleet, ledger=ledger)
         results[domain.name] = run_stop(s)
+    end_run(config, train, fleet, ledger)  # the DAG's end_run teardown
     return results
 
 

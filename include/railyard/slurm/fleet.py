@@ -403,6 +403,12 @@ class SlurmFleet:
             wrote = True
         return self._nodes() if wrote else nodes
 
+    def tend(self, hosts: list[str], op: str) -> list[str]:
+        """What the stop's waiting steps call every few seconds (`Stop._wait`): the health gate, so a
+        drain or a resume that a restarted controller lost is put back while the stop waits."""
+        self.enforce_gate()
+        return []
+
     def requeue_silent(self, job_ids: list[str], op: str, why: str) -> list[str]:
         """The `requeue` policy, from the stop's checkpoint step: requeue jobs that stayed silent after the
         request, recording the work lost since their last checkpoint. Never called by a read."""

@@ -30,7 +30,10 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    serve(cfg, args.db, args.host, args.port or cfg.simulator.port)
+    from pathlib import Path
+
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)  # the default .railyard/ does not exist on a fresh clone
+    serve(cfg, args.db, args.host, args.port or cfg.simulator.port, token_file=args.token_file)
     return 0
 
 
@@ -76,11 +79,11 @@ def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
             raise FleetError(f"fleet.ssh: {', '.join(missing)} not set; the CLI reaches the hosts with them")
         creds = Credentials(str(ssh.user), str(ssh.key_file), str(ssh.known_hosts))
         return SshFleet.from_config(cfg, paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s))
-    from railyard.fleet.http import HttpFleet
+    from railyard.fleet.http import HttpFleet, env_token
 
     url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
         or f"http://127.0.0.1:{cfg.simulator.port}"
-    return HttpFleet(url, retries=1, connect_timeout=2)
+    return HttpFleet(url, token=env_token(), retries=1, connect_timeout=2)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--db", default=".railyard/sim.db", help="SQLite file that keeps the fleet's state")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0, help="default: simulator.port from the config")
+    s.add_argument("--token-file", help="require this bearer token (first line of the file) on every call but "
+                   "/healthz; also RAILYARD_FLEET_TOKEN or RAILYARD_FLEET_TOKEN_FILE")
     s.set_defaults(func=cmd_sim_serve)
 
     f = sub.add_parser("freeze", help="show or switch the global freeze (no new stops while on)")

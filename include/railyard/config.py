@@ -196,7 +196,7 @@ class EscalationSpec(Strict):
     @classmethod
     def _url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^\s]+$", v):
-            raise ValueError(f"{v!r} is not an http(s) URL")
+            raise ValueError("not an http(s) URL (the value is not shown: it may hold a secret)")
         return v
 
 

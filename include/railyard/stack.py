@@ -2,12 +2,19 @@
 
 Used by the demo, the end-to-end tests and the benchmarks, so all three run the same stack.
 Talks to Airflow only through processes and its REST API (no Airflow imports in the core).
+
+The simulator's API is authenticated as in production: each Stack makes a random bearer token
+(`fleet_token`; None turns authentication off), hands it to the simulator in a 0600 file
+(`--token-file`, never on a command line or in Airflow's environment as a variable of its own) and to
+Airflow as the password of the fleet connection (`AIRFLOW_CONN_<fleet.connection>`, extra
+`auth: bearer`). `fleet()` is an HttpFleet that carries it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -84,6 +91,7 @@ class Stack:
     sim: subprocess.Popen | None = None
     airflow: subprocess.Popen | None = None
     extra: list[subprocess.Popen] = field(default_factory=list)  # components restarted by hand
+    fleet_token: str | None = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -102,13 +110,29 @@ class Stack:
         return f"http://127.0.0.1:{self.sim_port}"
 
     @property
+    def token_file(self) -> Path:
+        return self.home / "sim.token"
+
+    def fleet(self, **kw) -> HttpFleet:  # noqa: ANN003
+        """An HttpFleet on this stack's simulator, with its token."""
+        return HttpFleet(self.fleet_url, token=self.fleet_token, **kw)
+
+    def fleet_connection(self) -> dict:
+        """The Airflow connection of the fleet (as AIRFLOW_CONN_<id> JSON): the token is its password."""
+        conn: dict = {"conn_type": "http", "host": "127.0.0.1", "port": self.sim_port, "schema": "http"}
+        if self.fleet_token:
+            conn |= {"password": self.fleet_token, "extra": {"auth": "bearer"}}
+        return conn
+
+    @property
     def api(self) -> str:
         return f"http://127.0.0.1:{self.airflow_port}"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("SLURM_JWT", None)
-        conn = {"conn_type": "http", "host": "127.0.0.1", "port": self.sim_port, "schema": "http"}
+        env.pop("RAILYARD_FLEET_TOKEN", None)  # the simulator reads its token from the file this Stack writes
+        env.pop("RAILYARD_FLEET_TOKEN_FILE", None)
         env.update(
             {
                 "PATH": f"{BIN}:{env.get('PATH', '')}",
@@ -121,7 +145,7 @@ class Stack:
                 "AIRFLOW__API__BASE_URL": self.api,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-                f"AIRFLOW_CONN_{self.config.fleet.connection.upper()}": json.dumps(conn),
+                f"AIRFLOW_CONN_{self.config.fleet.connection.upper()}": json.dumps(self.fleet_connection()),
                 "RAILYARD_CONFIG": str(self.config_file),
                 "RAILYARD_HOME": str(self.home),
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugins"), env.get("PYTHONPATH")])),
@@ -140,14 +164,23 @@ class Stack:
         if fresh and db.exists():
             db.unlink()
         log = self.home / "sim.log"
-        self.sim = subprocess.Popen(
-            [sys.executable, "-m", "railyard.sim", "--config", str(self.config_file), "--db", str(db),
-             "--port", str(self.sim_port)],
-            stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True, env=self.env(),
-        )
-        fleet = HttpFleet(self.fleet_url, retries=0, connect_timeout=1)
+        cmd = [sys.executable, "-m", "railyard.sim", "--config", str(self.config_file), "--db", str(db),
+               "--port", str(self.sim_port)]
+        if self.fleet_token:
+            self._write_token()
+            cmd += ["--token-file", str(self.token_file)]
+        self.sim = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=self.env())
+        fleet = self.fleet(retries=0, connect_timeout=1)
         _wait("fleet simulator", 30, fleet.capacity, self.sim, log)
-        return HttpFleet(self.fleet_url)
+        return self.fleet()
+
+    def _write_token(self) -> None:
+        assert self.fleet_token
+        self.token_file.unlink(missing_ok=True)
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.fleet_token + "\n")
 
     def stop_sim(self) -> None:
         _stop_group(self.sim, grace=10)

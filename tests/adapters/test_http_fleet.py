@@ -1,10 +1,15 @@
-"""HttpFleet against a real simulator server (uvicorn in a subprocess)."""
+"""HttpFleet against a real simulator server (uvicorn in a subprocess): the fleet API, its bearer token, TLS."""
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -14,7 +19,7 @@ from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import Fleet, FleetError
 from railyard.models import Host, HostState, Step
 
-from .conftest import SimServer
+from .conftest import SIM_CONFIG, SimServer
 
 TARGETS = {"gpu-driver": "570.86.15", "gpu-firmware": "96.00.a5.00.01", "kernel": "6.1.0-28"}
 POD_B = ["gpu-b01", "gpu-b02", "gpu-b03", "gpu-b04"]
@@ -169,11 +174,14 @@ def test_state_survives_sigkill_and_restart_and_sigterm_stops_cleanly(sim_server
     with pytest.raises(FleetError):
         HttpFleet(sim_server.url, retries=0, connect_timeout=1).now()
     time.sleep(0.5)  # ~300 fleet seconds of downtime that must not show on the fleet clock
+    restarting = time.monotonic()
     fleet = HttpFleet(sim_server.start())
 
     after = fleet.hosts(["gpu-c01"])[0]
     assert after == before  # same versions, still drained and held by op-1
-    assert now_before <= fleet.now() < now_before + 300
+    # the clock may run only while the server is up again (startup is slow on a loaded machine)
+    up_s = time.monotonic() - restarting
+    assert now_before <= fleet.now() < now_before + up_s * 600 + 60
     installs = [i for i in fleet.audit()["installs"] if i["host"] == "gpu-c01"]
     assert [(i["component"], i["count"]) for i in installs] == [("kernel", 1)]
     fleet.return_to_service(["gpu-c01"], "op-1")
@@ -197,3 +205,164 @@ def test_unreachable_fleet_is_a_fleet_error_naming_the_url() -> None:
     with pytest.raises(FleetError, match=url.replace(".", r"\.")):
         HttpFleet(url, connect_timeout=1.0).capacity()
     assert time.monotonic() - started < 5
+
+
+# ---- authentication and TLS against a real server ------------------------------------------------------
+TOKEN = "tok-adapter-4b8e2f6a1c3d5e7f"
+SECURE_READY_RE = re.compile(r"railyard-sim ready on (https?://\S+)( \(bearer token required\))?")
+
+
+class SecureSimServer(SimServer):
+    """The simulator with extra command-line arguments (token file, TLS) and extra environment."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None):
+        super().__init__(workdir, SIM_CONFIG)
+        self.args, self.env = list(args), env or {}
+        self.authenticated = False
+
+    def start(self, timeout: float = 20.0) -> str:
+        cmd = [sys.executable, "-m", "railyard.sim", "--config", str(self.config_path), "--db", str(self.db_path),
+               "--port", "0", *self.args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAILYARD_FLEET_TOKEN")}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**env, **self.env, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = SECURE_READY_RE.search(self.log_path.read_text(errors="replace"))
+            if m:
+                self.url, self.authenticated = m.group(1), bool(m.group(2))
+                return self.url
+            if self.proc.poll() is not None:
+                self.proc = None
+                raise RuntimeError(f"simulator exited:\n{self.log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError("simulator not ready")
+
+
+@pytest.fixture
+def token_server(tmp_path: Path) -> Iterator[SecureSimServer]:
+    server = SecureSimServer(tmp_path, env={"RAILYARD_FLEET_TOKEN": TOKEN})
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_token_server_refuses_calls_without_it(token_server: SecureSimServer) -> None:
+    url = token_server.url
+    assert token_server.authenticated  # it says so when it starts, without printing the token
+    assert TOKEN not in token_server.log_path.read_text()
+    assert requests.get(f"{url}/healthz", timeout=5).status_code == 200  # liveness stays open
+    for method, path, body in [("GET", "/v1/hosts", None), ("GET", "/v1/capacity", None),
+                               ("PATCH", "/v1/settings", {"check_fail_rate": 1.0}),
+                               ("POST", "/v1/hosts/gpu-a01/fail", None), ("POST", "/v1/hosts/gpu-a01/repaired", None),
+                               ("GET", "/v1/audit", None), ("GET", "/openapi.json", None)]:
+        r = requests.request(method, url + path, json=body, timeout=5)
+        assert r.status_code == 401, (path, r.status_code)
+        r = requests.request(method, url + path, json=body, timeout=5, headers={"Authorization": "Bearer nope-nope"})
+        assert r.status_code == 401 and "nope-nope" not in r.text
+    fleet = HttpFleet(url, token=TOKEN)
+    assert fleet.settings()["check_fail_rate"] == 0.0  # the PATCH above never reached the engine
+    assert all(h.state == HostState.SERVING for h in fleet.hosts())  # nor the /fail
+    assert fleet.healthy()
+
+    with pytest.raises(FleetError, match="not authorized .*no credentials were sent"):
+        HttpFleet(url).capacity()
+    wrong = "tok-wrong-9d7b5a3c1e2f4a6b"
+    with pytest.raises(FleetError, match="not authorized .*bearer credentials were refused") as err:
+        HttpFleet(url, token=wrong).drain(["gpu-a01"], "op-1")
+    assert wrong not in str(err.value) and TOKEN not in str(err.value)
+    with pytest.raises(FleetError, match="basic credentials were refused") as err:
+        HttpFleet(url, login="ops", password=TOKEN).capacity()
+    assert TOKEN not in str(err.value)
+    assert fleet.capacity().domains_out == []  # the refused drain did nothing
+
+
+def test_the_token_comes_from_a_file_and_an_empty_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("")
+    server = SecureSimServer(tmp_path, "--token-file", str(tmp_path / "empty"))
+    with pytest.raises(RuntimeError, match="is empty"):
+        server.start()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "sim.log").unlink()
+    server = SecureSimServer(tmp_path, "--token-file", str(tmp_path / "token"))
+    server.start()
+    try:
+        assert server.authenticated
+        assert HttpFleet(server.url, token=TOKEN).now() > 0
+        assert requests.get(f"{server.url}/v1/now", timeout=5).status_code == 401
+    finally:
+        server.stop()
+
+
+def _pki(d: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(stem: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+        (d / f"{stem}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+        (d / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("railyard test CA")).issuer_name(name("railyard test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    write("ca", ca_key, ca)
+    for stem, usage, san in (("server", ExtendedKeyUsageOID.SERVER_AUTH,
+                              [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                             ("client", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("railyard-client")])):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(stem)).issuer_name(ca.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName(san), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        write(stem, key, cert)
+    return {p.stem + p.suffix: p for p in d.iterdir()}
+
+
+def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path) -> None:
+    pki_dir = tmp_path / "pki"
+    pki_dir.mkdir()
+    pki = _pki(pki_dir)
+    server = SecureSimServer(tmp_path, "--tls-cert", str(pki["server.pem"]), "--tls-key", str(pki["server.key"]),
+                             "--tls-client-ca", str(pki["ca.pem"]), env={"RAILYARD_FLEET_TOKEN": TOKEN})
+    url = server.start()
+    try:
+        assert url.startswith("https://127.0.0.1:") and server.authenticated
+        client = (str(pki["client.pem"]), str(pki["client.key"]))
+        fleet = HttpFleet(url, token=TOKEN, verify=str(pki["ca.pem"]), cert=client)
+        assert fleet.capacity().total_hosts == 12
+        started = time.monotonic()
+        with pytest.raises(FleetError, match="TLS failed .*(CERTIFICATE_VERIFY_FAILED|certificate verify failed)"):
+            HttpFleet(url, token=TOKEN, cert=client).capacity()  # the system CAs do not know ours
+        assert time.monotonic() - started < 3  # a certificate problem is not retried
+        with pytest.raises(FleetError, match="TLS failed|cannot connect"):  # no client certificate: refused
+            HttpFleet(url, token=TOKEN, verify=str(pki["ca.pem"]), retries=0).capacity()
+        with pytest.raises(FleetError, match="not authorized"):  # TLS is no substitute for the token
+            HttpFleet(url, verify=str(pki["ca.pem"]), cert=client).capacity()
+        fleet.close()  # else the server's SIGTERM waits (up to its 3 s grace) for this idle TLS connection
+    finally:
+        server.stop()

@@ -27,8 +27,9 @@ def demo_config() -> dict:
     return data
 
 
-def test_railyard_plan_on_the_demo_config_matches_what_the_train_does(train_env):
+def test_railyard_plan_on_the_demo_config_matches_what_the_train_does(train_env, monkeypatch):
     stack, fleet, tmp = train_env(demo_config())
+    monkeypatch.setenv("RAILYARD_FLEET_TOKEN", stack.fleet_token)  # how the CLI authenticates to the fleet
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["plan", "demo", "--json", "--fleet-url", stack.fleet_url]) == 0

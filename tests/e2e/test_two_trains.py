@@ -39,9 +39,7 @@ def stack(tmp_path_factory):
 
 
 def test_two_trains_at_once_never_take_two_domains(stack):
-    from railyard.fleet.http import HttpFleet
-
-    fleet = HttpFleet(stack.fleet_url)
+    fleet = stack.fleet()
     dags = ["railyard_train_drivers", "railyard_train_kernels"]
     for d in dags:
         stack.wait_dag(d)

@@ -2,43 +2,100 @@
 
 Every call is idempotent by design, so connection failures and 502/503/504 are retried with a short
 backoff; anything the server refuses comes back as `FleetError` carrying the server's own words.
+
+Authentication: a bearer token (`token=`) or HTTP basic auth (`login=`, `password=`), sent in the
+`Authorization` header only, never in the URL (a URL with `user:password@` is refused). TLS: `verify`
+is True (system CAs), False, or the path of a CA bundle; `cert` is a client certificate (a PEM path
+holding cert and key, or a `(cert, key)` pair). No message, repr or exception of this class ever
+carries the token or the password: whatever the server says is scrubbed of them before it is raised.
 """
 
 from __future__ import annotations
 
+import base64
+import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
+from requests.auth import AuthBase
 
 from railyard.fleet import FleetNotFound
 from railyard.fleet.port import FleetError
 from railyard.models import Capacity, CheckResult, Host, Job, Step
 
 _RETRY_STATUS = frozenset({502, 503, 504})
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+log = logging.getLogger("railyard.fleet.http")
+
+
+class _Auth(AuthBase):
+    """The Authorization header, built per request; its repr names the scheme, never the secret."""
+
+    def __init__(self, scheme: str, value: str):
+        self.scheme = scheme
+        self._header = f"{scheme} {value}"
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        r.headers["Authorization"] = self._header
+        return r
+
+    def __repr__(self) -> str:
+        return f"<{self.scheme} auth>"
 
 
 class HttpFleet:
-    """A `Fleet` reached over HTTP at `base_url` (e.g. http://127.0.0.1:8765)."""
+    """A `Fleet` reached over HTTP(S) at `base_url` (e.g. http://127.0.0.1:8765)."""
 
     def __init__(
         self,
         base_url: str,
         *,
+        token: str | None = None,
+        login: str | None = None,
+        password: str | None = None,
+        verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
         connect_timeout: float = 3.0,
         read_timeout: float = 15.0,
         retries: int = 3,
         backoff_s: float = 0.2,
     ):
+        parts = urlsplit(base_url)
+        if parts.username is not None or parts.password is not None:
+            # the message must not repeat the URL: it holds the very secret it is refused for
+            raise ValueError("the fleet URL carries credentials (user:password@host); give them as token= or "
+                             "login=/password= instead: a URL ends up in logs and error messages")
+        if token and (login or password):
+            raise ValueError("give the fleet either a bearer token or login/password, not both")
+        if (login is None) != (password is None) or login == "" or password == "":
+            raise ValueError("basic auth needs both a login and a password")
         self.base_url = base_url.rstrip("/")
         self.timeout = (connect_timeout, read_timeout)
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
+        self.verify = verify
+        self.cert = cert
+        self._secrets: tuple[str, ...] = ()
+        auth: _Auth | None = None
+        if token:
+            auth = _Auth("Bearer", token)
+            self._secrets = (token,)
+        elif login is not None and password is not None:
+            basic = base64.b64encode(f"{login}:{password}".encode()).decode()
+            auth = _Auth("Basic", basic)
+            self._secrets = (password, basic)
+        self.auth_scheme = auth.scheme.lower() if auth else None
         self.session = requests.Session()
+        self.session.auth = auth
+        if auth and parts.scheme == "http" and (parts.hostname or "") not in _LOOPBACK:
+            log.warning("fleet at %s: credentials go over plain http; use https", self.base_url)
 
     def __repr__(self) -> str:
-        return f"HttpFleet({self.base_url!r})"
+        return f"HttpFleet({self.base_url!r}, auth={self.auth_scheme!r})"
 
     def __enter__(self) -> HttpFleet:
         return self
@@ -141,14 +198,21 @@ class HttpFleet:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                resp = self.session.request(method, url, params=params, json=body, timeout=self.timeout)
+                # verify and cert per request: a session-level value would lose to REQUESTS_CA_BUNDLE
+                resp = self.session.request(method, url, params=params, json=body, timeout=self.timeout,
+                                            verify=self.verify, cert=self.cert)
+            except requests.exceptions.SSLError as exc:  # retrying does not fix a certificate
+                raise FleetError(self._scrub(
+                    f"fleet at {self.base_url}: {method} {path}: TLS failed ({_tls_reason(exc)}); check the "
+                    "connection's verify / ca_bundle / cert"
+                )) from None
             except requests.ConnectionError as exc:  # includes connect timeouts; nothing reached the server
                 problem = f"cannot connect ({type(exc).__name__})"
                 continue
             except requests.Timeout:
                 raise FleetError(f"fleet at {self.base_url}: {method} {path} got no answer within {self.timeout[1]}s") from None
             except requests.RequestException as exc:
-                raise FleetError(f"fleet at {self.base_url}: {method} {path} failed: {exc}") from None
+                raise FleetError(self._scrub(f"fleet at {self.base_url}: {method} {path} failed: {exc}")) from None
             if resp.status_code in _RETRY_STATUS:
                 problem = f"HTTP {resp.status_code}"
                 continue
@@ -164,17 +228,59 @@ class HttpFleet:
                 return resp.json()
             except ValueError:
                 raise FleetError(f"fleet at {self.base_url}: {method} {path} answered non-JSON") from None
-        detail = _detail(resp)
+        detail = self._scrub(_detail(resp))
+        if resp.status_code in (401, 403):
+            sent = f"the {self.auth_scheme} credentials were refused" if self.auth_scheme else "no credentials were sent"
+            raise FleetError(
+                f"fleet at {self.base_url}: {method} {path} not authorized (HTTP {resp.status_code}: {detail}); "
+                f"{sent}: check the token or login/password of the fleet connection"
+            )
         if resp.status_code == 404:
             raise FleetNotFound(detail)
         if resp.status_code < 500:
             raise FleetError(detail)
         raise FleetError(f"fleet at {self.base_url}: {method} {path} failed with HTTP {resp.status_code}: {detail}")
 
+    def _scrub(self, text: str) -> str:
+        """The text with every secret this fleet holds replaced by `***` (a server may echo a header)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def env_token() -> str | None:
+    """The bearer token for clients outside Airflow (the CLI, scripts): env RAILYARD_FLEET_TOKEN, else the
+    first line of the file named by RAILYARD_FLEET_TOKEN_FILE; None when neither is set. The same
+    variables give the simulator its token."""
+    token = os.environ.get("RAILYARD_FLEET_TOKEN", "").strip()
+    if token:
+        return token
+    path = os.environ.get("RAILYARD_FLEET_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text().strip().splitlines()
+    except OSError as exc:
+        raise FleetError(f"RAILYARD_FLEET_TOKEN_FILE {path}: cannot read it ({exc.strerror})") from None
+    if not lines or not lines[0].strip():
+        raise FleetError(f"RAILYARD_FLEET_TOKEN_FILE {path} is empty")
+    return lines[0].strip()
+
 
 def _seg(value: str) -> str:
     """A host name as one URL path segment; anything odd is escaped and left for the server to refuse."""
     return quote(str(value), safe="")
+
+
+def _tls_reason(exc: requests.exceptions.SSLError) -> str:
+    """The useful words of an SSL error (requests nests them deep in a long repr)."""
+    text = str(exc)
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRONG_VERSION_NUMBER",
+                   "TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT", "TLSV1_ALERT", "hostname mismatch"):
+        i = text.find(marker)
+        if i >= 0:
+            return text[i:].split(")")[0].split("'")[0].strip()
+    return type(exc).__name__
 
 
 def _detail(resp: requests.Response) -> str:
@@ -198,4 +304,4 @@ def _detail(resp: requests.Response) -> str:
     return str(detail) if detail is not None else f"HTTP {resp.status_code}"
 
 
-__all__ = ["HttpFleet"]
+__all__ = ["HttpFleet", "env_token"]

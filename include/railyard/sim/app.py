@@ -2,13 +2,24 @@
 
 Every input is validated before the engine sees it (host names, components and versions are plain
 tokens); the engine's refusals come back as 409, unknown hosts or jobs as 404, bad bodies as 422.
+
+With a token (`serve(token=...)`, `--token-file`, or env RAILYARD_FLEET_TOKEN / RAILYARD_FLEET_TOKEN_FILE)
+every path except `GET /healthz` (liveness: `ok` and the fleet clock, nothing else) needs
+`Authorization: Bearer <token>`, or gets 401: the fleet API, the admin and fault-injection endpoints
+(`/v1/settings`, `/v1/hosts/{host}/fail`, ...), the audit and the OpenAPI docs alike. Without a token the
+simulator is open, as a local test bench is. With `tls_cert`/`tls_key` it serves HTTPS, and with
+`tls_client_ca` it also requires a client certificate signed by that CA.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import signal
+import ssl
 import threading
+from pathlib import Path as FilePath
 from types import FrameType
 from typing import Annotated, Any
 
@@ -30,6 +41,10 @@ OpId = Annotated[
     StringConstraints(min_length=1, max_length=250, pattern=r"^[^\x00-\x1f\x7f]+$"),
     Field(description="id of the operation that owns the change (a train stop, an emergency, a repair)"),
 ]
+OPEN_PATHS = frozenset({"/healthz"})  # what a load balancer or compose healthcheck may call without the token
+TOKEN_ENV = "RAILYARD_FLEET_TOKEN"
+TOKEN_FILE_ENV = "RAILYARD_FLEET_TOKEN_FILE"
+
 HostName = Annotated[str, Path(pattern=TOKEN_RE.pattern, description="host name (a plain token)")]
 
 
@@ -174,7 +189,28 @@ def _names(raw: str | None, what: str) -> list[str] | None:
     return names
 
 
-def create_app(engine: SimEngine) -> FastAPI:
+def resolve_token(token: str | None = None, token_file: str | os.PathLike[str] | None = None) -> str | None:
+    """The simulator's API token: `token`, else the first line of `token_file`, else env
+    RAILYARD_FLEET_TOKEN, else the file named by RAILYARD_FLEET_TOKEN_FILE; None = no authentication.
+    An empty token file is an error, never a silently open API."""
+    if token is None and token_file is None:
+        token = os.environ.get(TOKEN_ENV) or None
+        token_file = None if token else (os.environ.get(TOKEN_FILE_ENV) or None)
+    if token is None and token_file is not None:
+        try:
+            lines = FilePath(token_file).read_text().strip().splitlines()
+        except OSError as exc:
+            raise ValueError(f"token file {token_file}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise ValueError(f"token file {token_file} is empty")
+    if token is not None and (not token.strip() or any(c.isspace() for c in token)):
+        raise ValueError("the fleet token must be one word with no spaces")
+    return token
+
+
+def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
+    """The simulator's API over `engine`; with `token`, every path but /healthz needs it (bearer)."""
     app = FastAPI(
         title="Railyard fleet simulator",
         version="1",
@@ -185,6 +221,20 @@ def create_app(engine: SimEngine) -> FastAPI:
             "polling `/v1/hosts` and `/v1/checks`."
         ),
     )
+
+    if token:
+        expected = f"Bearer {token}".encode()
+
+        @app.middleware("http")
+        async def _authenticate(request: Request, call_next: Any) -> Any:
+            if request.url.path not in OPEN_PATHS:
+                given = request.headers.get("authorization", "").encode()
+                if not secrets.compare_digest(given, expected):
+                    # never echo what was sent: a wrong token is often a real one for something else
+                    why = "a bearer token is required" if not given else "the credentials were refused"
+                    return JSONResponse(status_code=401, content={"detail": f"unauthorized: {why}"},
+                                        headers={"WWW-Authenticate": 'Bearer realm="railyard-fleet"'})
+            return await call_next(request)
 
     @app.exception_handler(FleetNotFound)
     def _not_found(_: Request, exc: FleetNotFound) -> JSONResponse:
@@ -297,20 +347,34 @@ def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1) -> N
             log.exception("advance failed")
 
 
-def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None) -> None:
-    """Serve the simulator until SIGTERM/SIGINT; blocks."""
+def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None, *,
+          token: str | None = None, token_file: str | None = None, tls_cert: str | None = None,
+          tls_key: str | None = None, tls_client_ca: str | None = None) -> None:
+    """Serve the simulator until SIGTERM/SIGINT; blocks. The token comes from `resolve_token`."""
+    token = resolve_token(token, token_file)
+    if tls_client_ca and not tls_cert:
+        raise ValueError("tls_client_ca needs tls_cert (client certificates are checked over TLS only)")
     engine = SimEngine(config, db_path)
-    app = create_app(engine)
+    app = create_app(engine, token=token)
     stop = threading.Event()
     ticker = threading.Thread(target=_ticker, args=(engine, stop), name="railyard-sim-advance", daemon=True)
+    scheme = "https" if tls_cert else "http"
+    note = " (bearer token required)" if token else ""
+    if not token and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("the fleet API on %s is open to anyone who reaches it: set %s or --token-file", host, TOKEN_ENV)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
             await super().startup(sockets=sockets)
             if self.started:
                 bound = self.servers[0].sockets[0].getsockname()[1] if self.servers else port
-                print(f"railyard-sim ready on http://{host}:{bound}", flush=True)
+                print(f"railyard-sim ready on {scheme}://{host}:{bound}{note}", flush=True)
 
+    tls: dict[str, Any] = {}
+    if tls_cert:
+        tls = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key}
+        if tls_client_ca:
+            tls |= {"ssl_ca_certs": tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     server = _Server(
         uvicorn.Config(
             app,
@@ -319,6 +383,9 @@ def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", 
             log_level="warning",
             access_log=False,
             lifespan="off",
+            # an idle keep-alive TLS connection waits for the client's close_notify (30 s by default)
+            timeout_graceful_shutdown=3,
+            **tls,
         )
     )
     # uvicorn handles SIGTERM/SIGINT itself, then re-raises the signal to the handler that was there
@@ -341,4 +408,4 @@ def _quiet(signum: int, frame: FrameType | None) -> None:
     return None
 
 
-__all__ = ["create_app", "serve"]
+__all__ = ["OPEN_PATHS", "TOKEN_ENV", "TOKEN_FILE_ENV", "create_app", "resolve_token", "serve"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 from airflow.sdk import BaseHook
 
@@ -19,7 +20,21 @@ class FleetHook(BaseHook):
     API (the simulator is one); `ssh` drives plain hosts over SSH (`SshFleetHook`); `slurm` drives a
     Slurm cluster (`railyard.slurm.fleet.SlurmFleet`, configured by `fleet.slurm`).
 
-    Connection for `http`: conn_type `http`, host, port, schema `http`/`https`; extra `read_timeout`.
+    Connection for `http`: conn_type `http`, host, port, schema `http`/`https`; never credentials in the
+    host (a `user:pass@` URL is refused). Authentication, in this order (`fleet_auth`):
+
+    - extra `auth`: `bearer`, `basic` or `none` says which, explicitly; without it:
+    - extra `token` set → bearer with that token;
+    - login and password set → HTTP basic auth;
+    - password alone (no login) → bearer with the password as the token (the password field is
+      masked in Airflow's UI and logs, so it is the natural place for a token);
+    - nothing set → no authentication.
+    A token in two places (extra `token` and password), a token beside login/password, or a login
+    without a password is refused as ambiguous, naming the fields, never the values.
+
+    TLS: extra `verify` (true/false, default true), `ca_bundle` (path of a CA bundle to verify the
+    server with), `cert` (client certificate PEM) and `key` (its private key, if not in `cert`).
+    Timeouts: extra `read_timeout`, `connect_timeout` (seconds).
     """
 
     conn_name_attr = "fleet_conn_id"
@@ -65,8 +80,100 @@ class FleetHook(BaseHook):
             return SshFleetHook(ssh.connection).fleet(self.config)
         if self.backend == "slurm":
             return _slurm_fleet(self.config)
-        extra = self.get_connection(self.fleet_conn_id).extra_dejson
-        return HttpFleet(self.base_url, read_timeout=float(extra.get("read_timeout", 15.0)))
+        conn = self.get_connection(self.fleet_conn_id)
+        extra = conn.extra_dejson
+        auth = fleet_auth(conn.login, conn.password, extra, conn_id=self.fleet_conn_id)
+        for secret in (auth.get("token"), auth.get("password")):
+            _mask(secret)
+        return HttpFleet(self.base_url, **auth, **fleet_tls(extra, conn_id=self.fleet_conn_id),
+                         read_timeout=float(extra.get("read_timeout", 15.0)),
+                         connect_timeout=float(extra.get("connect_timeout", 3.0)))
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {"password": "Password, or the bearer token when Login is empty"},
+            "placeholders": {
+                "host": "fleet-manager.example.com",
+                "schema": "https",
+                "extra": '{"auth": "bearer", "verify": true, "ca_bundle": "/path/ca.pem", '
+                         '"cert": "/path/client.pem", "key": "/path/client.key", "read_timeout": 15}',
+            },
+        }
+
+
+def fleet_auth(login: str | None, password: str | None, extra: dict[str, Any], *,
+               conn_id: str = "fleet") -> dict[str, str]:
+    """The HttpFleet auth arguments of an http fleet connection (see FleetHook): `{"token": ...}`,
+    `{"login": ..., "password": ...}` or `{}`. Refusals name fields, never values."""
+    login, password = login or None, password or None
+    token = extra.get("token") or None
+    mode = str(extra.get("auth") or "").strip().lower() or None
+    where = f"fleet connection {conn_id!r}"
+    if mode not in (None, "bearer", "basic", "none"):
+        raise ValueError(f"{where}: extra.auth must be bearer, basic or none, got {mode!r}")
+    if token is not None and not isinstance(token, str):
+        raise ValueError(f"{where}: extra.token must be a string")
+    if token and password:
+        raise ValueError(f"{where}: a token is set both in extra.token and in the password; keep one")
+    if mode == "none":
+        if token or login or password:
+            raise ValueError(f"{where}: extra.auth is none but credentials are set")
+        return {}
+    if mode == "basic" or (mode is None and login and not token):
+        if token:
+            raise ValueError(f"{where}: extra.auth is basic but extra.token is set; drop one")
+        if not (login and password):
+            raise ValueError(f"{where}: basic auth needs both login and password")
+        return {"login": login, "password": password}
+    # bearer: explicit, or a token / a lone password
+    if login:
+        raise ValueError(f"{where}: a bearer token is used with no login; clear the login "
+                         "(or set extra.auth to basic for login/password)")
+    if token or password:
+        return {"token": token or password}
+    if mode == "bearer":
+        raise ValueError(f"{where}: extra.auth is bearer but no token is set (password or extra.token)")
+    return {}
+
+
+def fleet_tls(extra: dict[str, Any], *, conn_id: str = "fleet") -> dict[str, Any]:
+    """HttpFleet's `verify` and `cert` from the connection's extra (`verify`, `ca_bundle`, `cert`, `key`)."""
+    where = f"fleet connection {conn_id!r}"
+    raw = extra.get("verify", True)
+    if isinstance(raw, str):
+        if raw.strip().lower() in ("true", "1", "yes"):
+            raw = True
+        elif raw.strip().lower() in ("false", "0", "no"):
+            raw = False
+        else:  # a path given as verify, as requests itself allows
+            raw = raw.strip()
+    ca_bundle = extra.get("ca_bundle") or None
+    if ca_bundle is not None:
+        if raw is False:
+            raise ValueError(f"{where}: extra.ca_bundle is set but extra.verify is false; drop one")
+        raw = str(ca_bundle)
+    out: dict[str, Any] = {"verify": raw}
+    cert, key = extra.get("cert") or None, extra.get("key") or None
+    if key and not cert:
+        raise ValueError(f"{where}: extra.key is set without extra.cert")
+    if cert:
+        out["cert"] = (str(cert), str(key)) if key else str(cert)
+    return out
+
+
+def _mask(secret: str | None) -> None:
+    """Tell Airflow's secrets masker about a secret read from the extra (the password is masked already,
+    but the extra is masked only as a whole JSON string)."""
+    if not secret:
+        return
+    try:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(secret)
+    except Exception:  # pragma: no cover - masking is best effort; the value is never logged by us
+        pass
 
 
 _SLURM: dict[str, Fleet] = {}
@@ -94,7 +201,10 @@ def _slurm_fleet(config: RailyardConfig) -> Fleet:
 
 
 def fleet_for_url(url: str) -> Fleet:
-    """The fleet a trigger was given: an HTTP fleet's URL, or the ssh backend's marker with its config."""
+    """Legacy: the fleet of an ssh/slurm marker (`base_url` of those backends). Triggers no longer use
+    it: they carry the connection id and config path and build the fleet with `FleetHook`, so an HTTP
+    fleet's credentials never travel through trigger arguments. A plain URL gives an HttpFleet without
+    credentials."""
     if url.startswith(SSH_URL):
         return FleetHook(config_path=url[len(SSH_URL):]).get_conn()
     if url.startswith(SLURM_URL):

@@ -40,10 +40,23 @@ class _StopSensor(StopTaskMixin, BaseSensorOperator):
         self.deferrable = deferrable
 
     def trigger_kwargs(self, context: Any, stop: Stop, started: float) -> dict[str, Any]:
+        """What the trigger needs, and no secret: any viewer of the task can read these (REST API, UI).
+        The fleet is named by its connection id; the trigger builds it with the same hook."""
         return dict(train_id=self.train_id, domain=stop.domain.name, slot=self.slot, run_id=context["run_id"],
-                    fleet_url=self.hook.base_url, ledger_url=stop.ledger.url,
+                    fleet_conn_id=self.fleet_conn_id, ledger_url=shareable_url(stop.ledger.url),
                     config_path=str(config_path(self.config_path)),
                     deadline=started + self.wait_s, poll_interval=self.poll_s)
+
+
+def shareable_url(url: str) -> str | None:
+    """A ledger URL fit for trigger kwargs: as is without a password; None (the trigger then resolves the
+    ledger from the config and RAILYARD_LEDGER_URL, as the task did) when it holds one."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return None if make_url(url).password else url
+    except Exception:  # unparsable: do not ship it
+        return None
 
 
 class BufferCapacitySensor(_StopSensor):

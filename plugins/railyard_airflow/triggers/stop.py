@@ -1,4 +1,11 @@
-"""Triggers for the two waits of a stop. They carry only primitive kwargs and are safe to run twice."""
+"""Triggers for the two waits of a stop. They carry only primitive kwargs and are safe to run twice.
+
+Their kwargs are readable by anyone who may view the task (REST API, UI), so they hold no secret:
+the fleet is named by its Airflow connection id and the config path, and rebuilt in the trigger with
+`FleetHook(fleet_conn_id, config_path=...).get_conn()` (whichever backend the config names: http,
+ssh or slurm), once per trigger instance. A ledger URL travels only when it has no password; otherwise
+the trigger resolves the ledger from the config and RAILYARD_LEDGER_URL, as the task did.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +16,48 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from railyard.fleet.port import Fleet
 from railyard.stop import Stop
-from railyard_airflow.hooks.fleet import fleet_for_url
-
-
-def _stop(kw: dict[str, Any]) -> Stop:
-    from railyard_airflow.context import make_stop
-
-    stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"],
-                     fleet=fleet_for_url(kw["fleet_url"]), say=lambda _m: None,
-                     ledger_url=kw["ledger_url"], path=kw["config_path"], slot=kw.get("slot"))
-    assert stop is not None  # a slot defers only after it has claimed its domain
-    return stop
+from railyard_airflow.hooks.fleet import FleetHook
 
 
 class _PollingTrigger(BaseTrigger):
-    def __init__(self, *, train_id: str, domain: str, run_id: str, fleet_url: str, ledger_url: str,
-                 config_path: str, deadline: float, poll_interval: float = 1.0, since: float | None = None,
-                 slot: str | None = None):
+    def __init__(self, *, train_id: str, domain: str, run_id: str, config_path: str, deadline: float,
+                 fleet_conn_id: str = FleetHook.default_conn_name, ledger_url: str | None = None,
+                 poll_interval: float = 1.0, since: float | None = None, slot: str | None = None,
+                 fleet_url: str | None = None):
+        # `fleet_url` is accepted (and dropped) only so that a trigger serialised by an older version
+        # still loads after an upgrade: the fleet now comes from the connection id.
         super().__init__()
-        self.kw = dict(train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_url=fleet_url,
+        del fleet_url
+        self.kw = dict(train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_conn_id=fleet_conn_id,
                        ledger_url=ledger_url, config_path=config_path, deadline=deadline,
                        poll_interval=poll_interval, since=since)
+        self._fleet: Fleet | None = None
+
+    def fleet(self) -> Fleet:
+        """The fleet, built once per trigger instance (config, connection and HTTP session reused by
+        every poll; a new instance after a triggerer restart reads the connection afresh)."""
+        if self._fleet is None:
+            self._fleet = FleetHook(self.kw["fleet_conn_id"], config_path=self.kw["config_path"]).get_conn()
+        return self._fleet
+
+    def stop(self) -> Stop:
+        from railyard_airflow.context import make_stop
+
+        kw = self.kw
+        stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"], fleet=self.fleet(),
+                         say=lambda _m: None, ledger_url=kw["ledger_url"], path=kw["config_path"],
+                         slot=kw.get("slot"))
+        assert stop is not None  # a slot defers only after it has claimed its domain
+        return stop
+
+    async def cleanup(self) -> None:
+        from railyard.fleet.http import HttpFleet
+
+        if isinstance(self._fleet, HttpFleet):  # ssh/slurm fleets are per-process and shared: left open
+            self._fleet.close()
+        await super().cleanup()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", dict(self.kw)
@@ -59,7 +86,7 @@ class BufferCapacityTrigger(_PollingTrigger):
     """Tries to take the domain lease until the buffers allow it, or the deadline passes."""
 
     def probe(self) -> dict[str, Any] | None:
-        d = _stop(self.kw).take()
+        d = self.stop().take()
         self.last = d.reason
         if d.outcome == "wait":
             self.log.info("waiting: %s", d.reason)
@@ -71,7 +98,7 @@ class CheckpointTrigger(_PollingTrigger):
     """Waits until every running job on the domain has checkpointed since the request."""
 
     def probe(self) -> dict[str, Any] | None:
-        stop = _stop(self.kw)
+        stop = self.stop()
         since = float(self.kw["since"])
         stale = stop.stale_jobs(since)
         self.last = f"no fresh checkpoint from {', '.join(stale)}" if stale else ""

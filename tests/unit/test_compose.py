@@ -1,7 +1,9 @@
-"""docker-compose.yaml: valid for docker-compose, and the Railyard stack is all there.
+"""docker-compose.yaml: valid for docker-compose, the Railyard stack is all there, and it is the stack
+the distributed tests run (tests/support/distributed.py): the same settings that matter.
 
 `docker-compose -f docker-compose.yaml config` validates the file without a Docker engine and
-prints it resolved (anchors merged, variables at their defaults); the assertions read that output.
+prints it resolved (anchors merged, variables at their defaults, RAILYARD_FLEET_TOKEN as given);
+the assertions read that output.
 """
 
 from __future__ import annotations
@@ -36,14 +38,30 @@ MOUNTS = {
     "logs": "/opt/airflow/logs",
 }
 SIM_CONFIG = "/opt/airflow/include/config/railyard.yaml"
+TOKEN = "0123abcd" * 8  # what `openssl rand -hex 32` gives, as the header of the file says
+# Settings of docker-compose.yaml that the one-machine stack has no use for, each with its reason.
+COMPOSE_ONLY = {
+    "AIRFLOW_CONFIG": "one airflow.cfg written by airflow-init and mounted into every container",
+    "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "the scheduler's :8974/health, for the container healthcheck",
+    "_PIP_ADDITIONAL_REQUIREMENTS": "the image's entrypoint (quick checks only)",
+    "_AIRFLOW_DB_MIGRATE": "the image's entrypoint (airflow-init)",
+    "_AIRFLOW_WWW_USER_CREATE": "the image's entrypoint (airflow-init)",
+    "_AIRFLOW_WWW_USER_USERNAME": "the image's entrypoint (airflow-init)",
+    "_AIRFLOW_WWW_USER_PASSWORD": "the image's entrypoint (airflow-init)",
+    "DUMB_INIT_SETSID": "the image's init, for the worker's warm shutdown",
+    "CONNECTION_CHECK_MAX_COUNT": "the image's entrypoint (airflow-cli)",
+}
 
 
-def compose_config(path: Path = COMPOSE) -> subprocess.CompletedProcess[str]:
+def compose_config(path: Path = COMPOSE, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail("docker-compose is not installed (apt-get install docker-compose); it validates the file")
     # Resolve with the file's own defaults, not whatever the caller's shell exports.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "_AIRFLOW", "_PIP", "COMPOSE_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "_AIRFLOW", "_PIP", "COMPOSE_", "RAILYARD_"))}
+    if token is not None:
+        env["RAILYARD_FLEET_TOKEN"] = token
     return subprocess.run(
         [exe, "-f", str(path), "config"], cwd=path.parent, env=env, capture_output=True, text=True, timeout=120
     )
@@ -131,7 +149,46 @@ def test_airflow_common_settings(resolved):
 def test_fleet_connection_points_at_the_simulator(resolved):
     for name in AIRFLOW_SERVICES:
         conn = json.loads(env(resolved["services"][name])["AIRFLOW_CONN_RAILYARD_FLEET"])
-        assert conn == {"conn_type": "http", "host": "railyard-sim", "port": 8765, "schema": "http"}, name
+        assert conn == {"conn_type": "http", "host": "railyard-sim", "port": 8765, "schema": "http",
+                        "password": TOKEN, "extra": {"auth": "bearer"}}, name
+
+
+def test_no_token_no_stack():
+    """RAILYARD_FLEET_TOKEN has no default: without it the file does not resolve, and nothing starts."""
+    proc = compose_config(token=None)
+    assert proc.returncode != 0
+    assert "RAILYARD_FLEET_TOKEN" in proc.stderr
+
+
+def test_same_settings_as_the_distributed_stack(resolved):
+    """Every Airflow service of the file has the settings that matter that DistributedStack sets
+    (tests/support/distributed.py: executor, databases, broker, result backend, ledger, scheduling speed,
+    failover timing, fleet connection), and no other, except the container plumbing in COMPOSE_ONLY."""
+    from tests.support.distributed import TEST_ONLY, reference_settings, settings_that_matter
+
+    want = reference_settings()
+    for name in AIRFLOW_SERVICES:
+        e = {k: v for k, v in env(resolved["services"][name]).items() if k not in COMPOSE_ONLY}
+        got = settings_that_matter(e, fleet_token=TOKEN)
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        differ = {k: (got[k], want[k]) for k in set(got) & set(want) if got[k] != want[k]}
+        assert not (missing or extra or differ), (
+            f"{name}: docker-compose.yaml and DistributedStack differ: missing {missing}, only in the file "
+            f"{extra}, different (file, stack) {differ}")
+    # what the stack sets for itself alone is explained (tests/support/distributed.py TEST_ONLY)
+    assert all(TEST_ONLY.values())
+
+
+def test_simulator_needs_the_token_and_is_not_published(resolved):
+    svc = resolved["services"]["railyard-sim"]
+    assert env(svc)["RAILYARD_FLEET_TOKEN"] == TOKEN  # the same token the connection sends
+    assert not svc.get("ports"), f"railyard-sim publishes {svc.get('ports')}: its admin endpoints must not be"
+    # nothing on the host's every address but the Airflow UI/API (which has its own login)
+    for name, s in resolved["services"].items():
+        for p in s.get("ports", []):
+            published = p if isinstance(p, str) else f"{p.get('host_ip', '')}:{p.get('published')}"
+            assert name == "airflow-apiserver" or published.startswith("127.0.0.1:"), (name, p)
 
 
 def test_ledger_on_the_same_postgres(resolved):
@@ -176,7 +233,7 @@ def test_simulator_service(resolved):
         "--port": "8765",
     }
     health = " ".join(svc["healthcheck"]["test"])
-    assert "http://localhost:8765/v1/capacity" in health
+    assert "http://localhost:8765/healthz" in health  # the one path open without the token
     m = mounts(svc)
     assert Path(m["/opt/airflow/include"]) == ROOT / "include"
     state = m["/opt/airflow/railyard"]

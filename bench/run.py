@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_ledger  # noqa: E402
 import bench_parse  # noqa: E402
 import bench_ssh  # noqa: E402
 import bench_train  # noqa: E402
@@ -18,3 +19,6 @@ if __name__ == "__main__":
     bench_train.main()
     print("\n== SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible ==", flush=True)
     bench_ssh.main()
+    print("\n== Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor ==",
+          flush=True)
+    bench_ledger.main([])

@@ -4,35 +4,55 @@ One operation per host at a time (the `leases` primary key), and taking a domain
 serialised transaction that checks the buffers and `max_domains_down` before it leases anything.
 Leases never expire by time: they are released only after the hosts are back or offboarded.
 Every change writes an audit row (who, what, when, why).
+
+Speed (bench/bench_ledger.py): the hot paths (`acquire_domain`, `release`) read only what they decide
+on — the leases of the hosts in question and counts per kind and domain, never every lease row —
+and their statements are built once. On PostgreSQL with psycopg2 they are server-side prepared
+statements, the writes of a step go as one statement, and a step's lock and read go in one round
+trip, so the part of a lease that holds the ledger lock is three round trips and the commit. A
+release does not take the ledger lock there (see `release`).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     Column,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    bindparam,
+    cast,
     create_engine,
     event,
     func,
     insert,
+    inspect,
+    literal_column,
+    null,
     select,
+    text,
+    union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 
 metadata = MetaData()
 
@@ -47,7 +67,10 @@ operations = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("detail", Text, nullable=False, default="{}"),
+    Index("ix_operations_state_kind", "state", "kind"),
 )
+
+_REPAIR, _NOT_REPAIR = "kind = 'repair'", "kind <> 'repair'"  # in the SQL text, so partial indexes apply
 
 leases = Table(
     "leases",
@@ -57,6 +80,10 @@ leases = Table(
     Column("domain", String(128), nullable=False),
     Column("since", Float, nullable=False),
     Column("kind", String(32), nullable=False, default="train_stop"),  # repairs are not domains out
+    # Domains out and hosts in repair, counted from an index of their own kind of lease: the leases of
+    # maintenance come and go with every stop, and a scan of the table would read their dead rows too.
+    Index("ix_leases_out_domain", "domain", postgresql_where=text(_NOT_REPAIR), sqlite_where=text(_NOT_REPAIR)),
+    Index("ix_leases_repair_domain", "domain", postgresql_where=text(_REPAIR), sqlite_where=text(_REPAIR)),
 )
 
 verifications = Table(
@@ -80,6 +107,7 @@ audit = Table(
     Column("action", String(64), nullable=False),
     Column("hosts", Text, nullable=False, default="[]"),
     Column("reason", Text, nullable=False, default=""),
+    Index("ix_audit_op_id", "op_id"),
 )
 
 switches = Table(
@@ -181,9 +209,10 @@ class Ledger:
         for attempt in range(10):  # several processes may create the tables at the same moment
             try:
                 metadata.create_all(self.engine, checkfirst=True)
+                _create_missing_indexes(self.engine)
                 break
             except DBAPIError as exc:
-                if "already exists" not in str(exc) or attempt == 9:
+                if not _already_exists(exc) or attempt == 9:
                     raise
                 time.sleep(0.1)
         with self.engine.begin() as c:
@@ -220,145 +249,137 @@ class Ledger:
         in repair): they count against the failure buffer, as do hosts leased to repairs.
         Idempotent: an operation that already holds the domain is granted again.
         """
+        # Everything that needs no database is done before the lock is taken.
         want = sorted(set(hosts))
-        pool = set(pool_hosts) if pool_hosts is not None else None
-        in_pool = (lambda h: True) if pool is None else (lambda h: h in pool)  # noqa: E731
+        pool = _host_set(pool_hosts)
+        unavail = set(unavailable)
+        u_pool = [h for h in unavail if pool is None or h in pool]
+        u_known = len(u_pool) <= _LOOKUP_MAX  # the lease of every unavailable host in the pool is read
+        look = sorted(set(want) | set(u_pool)) if u_known else want
+        takeover = set(take_over_from)
+        prio = PRIORITY.get(kind, 10)
         with self.engine.begin() as c:
-            _lock(c)
-            held = {r.host: r for r in c.execute(select(leases))}
-            mine = [h for h in want if h in held and held[h].op_id == op_id]
+            now = time.time()
+            v = _lock_and_read_view(c, [op_id, *takeover], op_id, prio, now, look)
+            rows = v.rows
+            mine = [h for h in want if h in rows and rows[h][0] == op_id]
             if len(mine) == len(want):
                 return Decision("granted", f"{op_id} already holds {domain}")
-            now = time.time()
-            prio = PRIORITY.get(kind, 10)
-            ahead = c.execute(
-                select(waiters).where(
-                    waiters.c.priority > prio, waiters.c.seen_at > now - WAITER_TTL_S, waiters.c.op_id != op_id
-                ).order_by(waiters.c.since)
-            ).first()
-            if ahead is not None:
-                return self._wait(c, op_id, prio, now, f"yielding to {ahead.op_id}, waiting since {ahead.since:.0f}")
-            takeover = set(take_over_from)
-            handed = {h: held[h].op_id for h in want if h in held and held[h].op_id in takeover}
+            if v.ahead is not None:
+                return self._wait(c, op_id, prio, now, f"yielding to {v.ahead[0]}, waiting since {v.ahead[1]:.0f}",
+                                  waiting=v.waiting)
+            handed = {h: rows[h][0] for h in want if h in rows and rows[h][0] in takeover}
             if handed:
-                for h, src in sorted(handed.items()):
-                    c.execute(update(leases).where(leases.c.host == h).values(op_id=op_id, kind=kind, since=now))
-                    _audit(c, actor, op_id, "handover", [h], f"taken over from {src}")
-                    _audit(c, actor, src, "handed_over", [h], f"taken over by {op_id}")
-                held = {r.host: r for r in c.execute(select(leases))}
-                mine = [h for h in want if h in held and held[h].op_id == op_id]
+                moved = sorted(handed)
+                c.execute(update(leases).where(leases.c.host.in_(moved)).values(op_id=op_id, kind=kind, since=now))
+                c.execute(insert(audit), [
+                    _audit_row(actor, o, a, [h], r) for h in moved
+                    for o, a, r in ((op_id, "handover", f"taken over from {handed[h]}"),
+                                    (handed[h], "handed_over", f"taken over by {op_id}"))
+                ])
+                v = _read_view(c, op_id, prio, now, look)
+                rows = v.rows
+                mine = [h for h in want if h in rows and rows[h][0] == op_id]
                 if len(mine) == len(want):
-                    self._ensure_op(c, op_id, kind, train, domain, now)
-                    c.execute(waiters.delete().where(waiters.c.op_id == op_id))
+                    _write_grant(c, v, op_id=op_id, kind=kind, train=train, domain=domain, now=now, taking=None)
                     return Decision("granted", f"{op_id} took over {len(handed)} host(s) of {domain} from "
                                                f"{', '.join(sorted(set(handed.values())))}")
-            others = {h: held[h].op_id for h in want if h in held and held[h].op_id != op_id}
-            repairing = {h for h, r in held.items() if r.kind == "repair"}
-            if set(others) - repairing:
-                holders = sorted({others[h] for h in set(others) - repairing})
-                return self._wait(c, op_id, prio, now,
-                                  f"{len(set(others) - repairing)} host(s) of {domain} held by {', '.join(holders)}")
+            others = {h: rows[h][0] for h in want if h in rows and rows[h][0] != op_id}
+            blocking = sorted(h for h in others if rows[h][1] != "repair")
+            if blocking:
+                holders = sorted({others[h] for h in blocking})
+                return self._wait(c, op_id, prio, now, f"{len(blocking)} host(s) of {domain} held by {', '.join(holders)}",
+                                  waiting=v.waiting)
 
-            maint = {h: r for h, r in held.items() if r.kind != "repair"}
-            domains_out = {r.domain for r in maint.values()}
+            domains_out = v.domains_out
             if len(domains_out | {domain}) > budget.max_domains_down:
                 return self._wait(c, op_id, prio, now,
-                                  f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out")
-            # Hosts the fleet reports broken and hosts in repair count against the failure buffer.
-            broken = {h for h in (set(unavailable) - set(maint)) | repairing if in_pool(h)}
-            pool_held = [h for h in maint if in_pool(h)]
-            if len(broken) > budget.failure_hosts:
-                return Decision(
-                    "stop",
-                    f"failure buffer exhausted: {len(broken)} hosts broken or in repair > budget {budget.failure_hosts}",
-                )
+                                  f"max_domains_down={budget.max_domains_down} reached: {', '.join(sorted(domains_out))} out",
+                                  waiting=v.waiting)
             # Broken hosts inside the domain are not taken again, but still count once.
-            taking = [h for h in want if h not in broken and h not in held]
-            if len(pool_held) + len(taking) > budget.maintenance_hosts:
-                return self._wait(c, op_id, prio, now, f"maintenance buffer: {len(pool_held)} hosts out + "
-                                  f"{len(taking)} of {domain} > budget {budget.maintenance_hosts}")
-            floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
-            serving_after = budget.total_hosts - len(pool_held) - len(broken) - len(taking)
-            if serving_after < floor:
-                return self._wait(c, op_id, prio, now, f"serving would drop to {serving_after} < floor {floor}")
+            taking = [h for h in want if h not in rows and not (h in unavail and (pool is None or h in pool))]
+            # Hosts the fleet reports broken and hosts in repair count against the failure buffer. From the
+            # counts alone these figures are exact for the whole fleet, and upper bounds for a pool (a lease
+            # outside the pool counts too). The checks only refuse more as the figures grow, so a grant on
+            # the bounds is the grant the exact figures give; a refusal on the bounds is judged again on
+            # the leases themselves, so that its outcome and its message are the exact ones.
+            n_broken = sum(1 for h in u_pool if h not in rows) if u_known else len(u_pool)
+            verdict = _judge(budget, domain, taking, n_broken + v.n_repair, v.n_maint)
+            if verdict is not None and not (pool is None and u_known):
+                maint: set[str] = set()
+                repairing: set[str] = set()
+                for r in c.execute(select(leases.c.host, leases.c.kind)):
+                    (repairing if r.kind == "repair" else maint).add(r.host)
+                broken = {h for h in (unavail - maint) | repairing if pool is None or h in pool}
+                verdict = _judge(budget, domain, taking, len(broken), sum(1 for h in maint if pool is None or h in pool))
+            if verdict is not None:
+                outcome, reason = verdict
+                if outcome == "stop":
+                    return Decision("stop", reason)
+                return self._wait(c, op_id, prio, now, reason, waiting=v.waiting)
 
-            self._ensure_op(c, op_id, kind, train, domain, now)
-            c.execute(waiters.delete().where(waiters.c.op_id == op_id))
-            if taking:
-                c.execute(
-                    insert(leases),
-                    [{"host": h, "op_id": op_id, "domain": domain, "since": now, "kind": kind} for h in taking],
-                )
-            _audit(c, actor, op_id, "lease", taking, f"took {domain} for {train}")
+            _write_grant(c, v, op_id=op_id, kind=kind, train=train, domain=domain, now=now, taking=taking,
+                         actor=actor)
             return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
 
     @staticmethod
-    def _wait(c: Connection, op_id: str, priority: int, now: float, reason: str) -> Decision:
+    def _wait(c: Connection, op_id: str, priority: int, now: float, reason: str, *,
+              waiting: bool | None = None) -> Decision:
         """Refuse for now, and queue (or refresh) the operation's place among the waiters."""
-        row = c.execute(select(waiters.c.op_id).where(waiters.c.op_id == op_id)).first()
-        if row is None:
-            c.execute(insert(waiters).values(op_id=op_id, priority=priority, since=now, seen_at=now))
-        else:
-            c.execute(update(waiters).where(waiters.c.op_id == op_id).values(seen_at=now))
+        if waiting is None:
+            waiting = c.execute(select(waiters.c.op_id).where(waiters.c.op_id == op_id)).first() is not None
+        _run(c, ["waiter_seen" if waiting else "waiter_insert"], {"w_op": op_id, "w_prio": priority, "w_now": now})
         return Decision("wait", reason)
 
-    @staticmethod
-    def _ensure_op(c: Connection, op_id: str, kind: str, train: str, domain: str, now: float) -> None:
-        if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
-            c.execute(
-                insert(operations).values(
-                    id=op_id, kind=kind, train=train, domain=domain, state="active",
-                    created_at=now, updated_at=now, detail="{}",
-                )
-            )
-        else:
-            c.execute(update(operations).where(operations.c.id == op_id).values(state="active", updated_at=now))
-
-    def waiting(self) -> list[dict]:
+    def waiting(self) -> list[dict[str, Any]]:
         """Operations waiting for capacity, highest priority first (what a waiting operator sees)."""
         with self.engine.connect() as c:
             q = select(waiters).where(waiters.c.seen_at > time.time() - WAITER_TTL_S)
             return [dict(r._mapping) for r in c.execute(q.order_by(waiters.c.priority.desc(), waiters.c.since))]
 
     def release(self, op_id: str, hosts: Iterable[str] | None = None, *, actor: str = "railyard", reason: str = "") -> list[str]:
-        """Release the op's leases (all, or only `hosts`); the op is done when it holds none."""
+        """Release the op's leases (all, or only `hosts`); the op is done when it holds none.
+
+        On PostgreSQL a release does not wait for the ledger lock: it only gives capacity back (a
+        concurrent decision that still sees the lease errs on the safe side), and the lock on the
+        operation's own row serialises it with everything that changes this operation's leases."""
+        only = None if hosts is None else set(hosts)
         with self.engine.begin() as c:
-            _lock(c)
-            q = select(leases.c.host).where(leases.c.op_id == op_id)
-            held = [r.host for r in c.execute(q)]
-            drop = sorted(set(held) if hosts is None else set(held) & set(hosts))
+            pg = c.dialect.name == "postgresql"
+            held = [r[0] for r in _run(c, ["op_row_lock" if pg else "lock", "held"], {"r_op": op_id})]
+            drop = sorted(set(held) if only is None else set(held) & only)
+            done = set(held) <= set(drop)
+            parts = (["drop_all" if len(drop) == len(held) else "drop_some_any", "audit"] if drop else []) + (
+                ["op_done"] if done else [])
+            params: dict[str, Any] = {"d_op": op_id, "d_hosts": drop, "u_op": op_id, "u_now": time.time()}
             if drop:
-                c.execute(leases.delete().where(leases.c.op_id == op_id, leases.c.host.in_(drop)))
-                _audit(c, actor, op_id, "release", drop, reason)
-            if set(held) <= set(drop):
-                c.execute(
-                    update(operations)
-                    .where(operations.c.id == op_id, operations.c.state == "active")
-                    .values(state="done", updated_at=time.time())
-                )
+                params |= _audit_row(actor, op_id, "release", drop, reason, prefix="a_")
+            if parts:
+                _run(c, [tuple(parts)], params)
             return drop
 
     def lease_repair(self, op_id: str, host: str, *, domain: str, reason: str, actor: str = "railyard") -> bool:
         """A repair takes one broken host that nobody holds; never refused for capacity (it adds none)."""
         with self.engine.begin() as c:
             _lock(c)
-            r = c.execute(select(leases).where(leases.c.host == host)).first()
+            r = c.execute(select(leases.c.op_id).where(leases.c.host == host)).first()
             if r is not None:
-                return r.op_id == op_id
+                return bool(r.op_id == op_id)
             now = time.time()
             if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
-                c.execute(insert(operations).values(id=op_id, kind="repair", train=None, domain=domain, state="active",
-                                                    created_at=now, updated_at=now, detail=json.dumps({"reason": reason})))
+                c.execute(insert(operations).values(
+                    id=op_id, kind="repair", train=None, domain=domain, state="active", created_at=now,
+                    updated_at=now, detail=json.dumps({"reason": reason})))
             c.execute(insert(leases).values(host=host, op_id=op_id, domain=domain, since=now, kind="repair"))
             _audit(c, actor, op_id, "lease", [host], f"repair: {reason}")
             return True
 
     def handover(self, hosts: Iterable[str], from_op: str, to_op: str, *, kind: str, reason: str,
-                 actor: str = "railyard", detail: dict | None = None, domain: str | None = None) -> list[str]:
+                 actor: str = "railyard", detail: dict[str, Any] | None = None, domain: str | None = None) -> list[str]:
         """Pass leases from one operation to another without releasing them in between."""
-        moved: list[str] = []
+        want = set(hosts)
         with self.engine.begin() as c:
-            _lock(c)
+            _lock(c, ops=[from_op, to_op])
             now = time.time()
             if c.execute(select(operations.c.id).where(operations.c.id == to_op)).first() is None:
                 c.execute(
@@ -367,19 +388,17 @@ class Ledger:
                         updated_at=now, detail=json.dumps(detail or {}),
                     )
                 )
-            for h in sorted(set(hosts)):
-                r = c.execute(select(leases).where(leases.c.host == h)).first()
-                if r is not None and r.op_id == from_op:
-                    c.execute(update(leases).where(leases.c.host == h).values(op_id=to_op, kind=kind, since=now))
-                    moved.append(h)
+            held = [r.host for r in c.execute(_q("held"), {"r_op": from_op})]
+            moved = sorted(h for h in held if h in want)
             if moved:
+                c.execute(update(leases).where(leases.c.host.in_(moved), leases.c.op_id == from_op)
+                          .values(op_id=to_op, kind=kind, since=now))
                 _audit(c, actor, to_op, "handover", moved, f"from {from_op}: {reason}")
-            left = c.execute(select(func.count()).select_from(leases).where(leases.c.op_id == from_op)).scalar_one()
-            if moved and left == 0:
-                c.execute(update(operations).where(operations.c.id == from_op).values(state="done", updated_at=now))
+                if len(moved) == len(held) and from_op != to_op:  # from_op holds nothing any more
+                    c.execute(update(operations).where(operations.c.id == from_op).values(state="done", updated_at=now))
         return moved
 
-    def open_operation(self, op_id: str, *, kind: str, detail: dict, actor: str, action: str, reason: str) -> bool:
+    def open_operation(self, op_id: str, *, kind: str, detail: dict[str, Any], actor: str, action: str, reason: str) -> bool:
         """Record an operation once (idempotent: a retried task does not record it twice)."""
         with self.engine.begin() as c:
             _lock(c)
@@ -391,7 +410,7 @@ class Ledger:
             _audit(c, actor, op_id, action, [], reason)
             return True
 
-    def operations_like(self, prefix: str, state: str | None = None) -> list[dict]:
+    def operations_like(self, prefix: str, state: str | None = None) -> list[dict[str, Any]]:
         q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(operations.c.created_at)
         if state is not None:
             q = q.where(operations.c.state == state)
@@ -432,7 +451,7 @@ class Ledger:
             c.execute(verifications.delete().where(verifications.c.op_id == op_id))
             _audit(c, actor, op_id, "revisit", [], reason)
 
-    def claim_dodged(self, prefix: str, slot: str) -> dict | None:
+    def claim_dodged(self, prefix: str, slot: str) -> dict[str, Any] | None:
         """The dodged stop of this run that `slot` revisits (the same one on every retry)."""
         with self.engine.begin() as c:
             _lock(c)
@@ -458,7 +477,7 @@ class Ledger:
             c.execute(insert(switches).values(name=name, value=int(on), reason=reason, actor=actor, at=time.time()))
             _audit(c, actor, None, f"{name}_{'on' if on else 'off'}", [], reason)
 
-    def switch(self, name: str) -> dict | None:
+    def switch(self, name: str) -> dict[str, Any] | None:
         """The switch's state when on, else None."""
         with self.engine.connect() as c:
             r = c.execute(select(switches).where(switches.c.name == name)).first()
@@ -488,7 +507,7 @@ class Ledger:
         return len(leased), len(failed), [f"{h}: {why}" for h, why in sorted(failed.items())]
 
     # ---- releases ----------------------------------------------------------------------------
-    def release_state(self, release: str) -> dict | None:
+    def release_state(self, release: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             r = c.execute(select(release_states).where(release_states.c.release == release)).first()
         return None if r is None else dict(r._mapping)
@@ -512,7 +531,7 @@ class Ledger:
             c.execute(insert(release_results).values(release=release, host=host, op_id=op_id, passed=int(passed),
                                                      reason=reason, at=at))
 
-    def release_results(self, release: str) -> list[dict]:
+    def release_results(self, release: str) -> list[dict[str, Any]]:
         with self.engine.connect() as c:
             q = select(release_results).where(release_results.c.release == release).order_by(release_results.c.at)
             return [dict(r._mapping) for r in c.execute(q)]
@@ -536,7 +555,7 @@ class Ledger:
             ).first()
         return None if r is None else (bool(r.passed), json.loads(r.versions), r.reason)
 
-    def detail(self, op_id: str) -> dict:
+    def detail(self, op_id: str) -> dict[str, Any]:
         op = self.operation(op_id)
         return {} if op is None else json.loads(op["detail"] or "{}")
 
@@ -575,12 +594,12 @@ class Ledger:
         with self.engine.connect() as c:
             return {r.domain: r.op_id for r in c.execute(select(leases.c.domain, leases.c.op_id).distinct())}
 
-    def operation(self, op_id: str) -> dict | None:
+    def operation(self, op_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as c:
             r = c.execute(select(operations).where(operations.c.id == op_id)).first()
         return None if r is None else dict(r._mapping)
 
-    def audit_rows(self, op_id: str | None = None, limit: int = 1000) -> list[dict]:
+    def audit_rows(self, op_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         q = select(audit).order_by(audit.c.id)
         if op_id is not None:
             q = q.where(audit.c.op_id == op_id)
@@ -595,14 +614,285 @@ class Ledger:
             return int(c.execute(select(func.count()).select_from(audit)).scalar_one())
 
 
-def _lock(c: Connection) -> None:
-    c.execute(update(ledger_lock).where(ledger_lock.c.id == 1).values(n=ledger_lock.c.n + 1))
+def _lock(c: Connection, ops: Collection[str] = ()) -> None:
+    """Take the ledger lock: every change of leases or waiters is made under it, one at a time.
+    On PostgreSQL, then lock the rows of the operations `ops` too (those whose leases the change
+    may move): `release` takes only its operation's row, not the ledger lock."""
+    _run(c, ["lock", "ops_lock"] if ops else ["lock"], {"l_ops": sorted(set(ops))})
+
+
+# At most this many unavailable hosts have their leases read by `acquire_domain`; beyond, they are
+# counted without looking (an upper bound), and a refusal is judged again on every lease.
+_LOOKUP_MAX = 2000
+
+
+@dataclass
+class _View:
+    """What `acquire_domain` decides on, read in one query under the lock."""
+
+    rows: dict[str, tuple[str, str]] = field(default_factory=dict)  # host -> (op id, kind), for the hosts asked
+    domains_out: set[str] = field(default_factory=set)  # domains with a lease that is not a repair
+    n_maint: int = 0  # leases that are not repairs
+    n_repair: int = 0  # leases to repairs
+    ahead: tuple[str, float] | None = None  # the first live waiter of a higher priority: (op id, since)
+    waiting: bool = False  # the operation has a row among the waiters
+    op_exists: bool = False  # the operation is recorded
+
+
+def _lock_and_read_view(c: Connection, ops: Collection[str], op_id: str, priority: int, now: float,
+                        hosts: Sequence[str]) -> _View:
+    """`_lock(c, ops)` then `_read_view`, in one round trip on PostgreSQL with psycopg2 (`_run`)."""
+    params = _view_params(op_id, priority, now, hosts) | {"l_ops": sorted(set(ops))}
+    return _view_of(_run(c, ["lock", "ops_lock", "view_any"], params))
+
+
+def _view_params(op_id: str, priority: int, now: float, hosts: Sequence[str]) -> dict[str, Any]:
+    return {"v_op": op_id, "v_prio": priority, "v_cutoff": now - WAITER_TTL_S, "v_hosts": list(hosts)}
+
+
+def _read_view(c: Connection, op_id: str, priority: int, now: float, hosts: Sequence[str]) -> _View:
+    """One round trip: the leases of `hosts`, lease counts per kind and domain, the waiter ahead, and
+    whether the operation is recorded and waiting. Rows are tagged; every part is a key lookup or
+    an aggregate, so what comes back does not grow with the leases other operations hold."""
+    return _view_of(c.execute(_q("view_hosts" if hosts else "view"), _view_params(op_id, priority, now, hosts)))
+
+
+def _view_of(result: Iterable[Any]) -> _View:
+    v = _View()
+    for t, a, b, k, n in result:
+        if t == "w":
+            v.rows[a] = (b, k)
+        elif t == "m":
+            v.domains_out.add(a)
+            v.n_maint += int(n)
+        elif t == "r":
+            v.n_repair = int(n or 0)
+        elif t == "a":
+            v.ahead = (a, float(n))
+        elif t == "q":
+            v.waiting = True
+        elif t == "o":
+            v.op_exists = True
+    return v
+
+
+def _judge(budget: Budget, domain: str, taking: list[str], n_broken: int, n_held: int) -> tuple[str, str] | None:
+    """The buffer checks of `acquire_domain`, in order: None when they pass, else (outcome, reason)."""
+    if n_broken > budget.failure_hosts:
+        return "stop", f"failure buffer exhausted: {n_broken} hosts broken or in repair > budget {budget.failure_hosts}"
+    if n_held + len(taking) > budget.maintenance_hosts:
+        return "wait", (f"maintenance buffer: {n_held} hosts out + {len(taking)} of {domain} > budget "
+                        f"{budget.maintenance_hosts}")
+    floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
+    serving_after = budget.total_hosts - n_held - n_broken - len(taking)
+    if serving_after < floor:
+        return "wait", f"serving would drop to {serving_after} < floor {floor}"
+    return None
+
+
+def _write_grant(c: Connection, v: _View, *, op_id: str, kind: str, train: str, domain: str, now: float,
+                 taking: list[str] | None, actor: str = "railyard") -> None:
+    """What a grant writes: the operation (new, or active again), off the waiters, its new leases and
+    the audit row (`taking` None: a takeover that left nothing to lease, which writes neither)."""
+    parts = ["op_active" if v.op_exists else "op_insert"] + (["waiter_drop"] if v.waiting else [])
+    params: dict[str, Any] = {"o_id": op_id, "o_kind": kind, "o_train": train, "o_domain": domain, "o_now": now,
+                              "x_op": op_id}
+    if taking is not None:
+        parts += (["lease_insert"] if taking else []) + ["audit"]
+        params |= {"l_hosts": taking, "l_op": op_id, "l_domain": domain, "l_since": now, "l_kind": kind}
+        params |= _audit_row(actor, op_id, "lease", taking, f"took {domain} for {train}", prefix="a_")
+    _run(c, [tuple(parts)], params)
+
+
+_Key = str | tuple[str, ...]  # a statement of `_q`, or writes to run together (names of `_q`)
+
+
+def _run(c: Connection, keys: Sequence[_Key], params: dict[str, Any]) -> Any:
+    """Run statements in order and return the last one's result. A tuple of writes (they touch
+    different rows) is one statement on PostgreSQL: the others become data-modifying CTEs of the last.
+
+    With psycopg2 every key is a server-side prepared statement (prepared once per connection: no
+    parsing or planning per call), and all of them go in one round trip, as one multi-statement
+    query. Each statement of such a query takes its own snapshot, so a read after a lock sees what
+    was committed before the lock was granted, as with separate round trips. Fewer round trips
+    matter most while the ledger lock is held: every other writer waits for them."""
+    if c.dialect.name == "postgresql" and c.dialect.driver == "psycopg2":
+        texts = [_prepared(c, k) for k in keys]
+        return c.exec_driver_sql("; ".join(t for t, _ in texts), {k: v for _, d in texts for k, v in d.items()} | params)
+    pg = c.dialect.name == "postgresql"
+    result = None
+    for key in keys:
+        if isinstance(key, tuple) and pg and len(key) > 1:
+            result = c.execute(_combined(key), params)
+            continue
+        for name in key if isinstance(key, tuple) else (key,):
+            if name == "ops_lock" and not pg:  # SQLite: one writer at a time already
+                continue
+            if name == "view_any" and not pg:  # SQLite has no arrays: an IN list
+                name = "view_hosts" if params["v_hosts"] else "view"
+            if name == "drop_some_any" and not pg:
+                name = "drop_some"
+            if name == "lease_insert" and not pg:
+                result = c.execute(_q("lease_row"), [{"l_host": h, **params} for h in params["l_hosts"]])
+            else:
+                result = c.execute(_q(name), params)
+    return result
+
+
+def _prepared(c: Connection, key: _Key) -> tuple[str, dict[str, Any]]:
+    """(EXECUTE text with psycopg2 placeholders, fixed parameters) of `key`, prepared on this connection
+    first if it is not yet (the pool keeps `info` per DBAPI connection and clears it on reconnect)."""
+    name, prepare, execute, fixed = _pg_text(key)
+    done = c.connection.info.setdefault("railyard_prepared", set())
+    if name not in done:
+        cur = c.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cur.execute(prepare)  # no parameters: the text goes as it is
+        finally:
+            cur.close()
+        done.add(name)
+    return execute, fixed
+
+
+@functools.cache
+def _pg_text(key: _Key) -> tuple[str, str, str, dict[str, Any]]:
+    """(name, PREPARE, EXECUTE, fixed parameters) of a statement, from its SQLAlchemy form."""
+    from sqlalchemy.dialects.postgresql.psycopg2 import dialect as psycopg2_dialect
+
+    stmt = _combined(key) if isinstance(key, tuple) and len(key) > 1 else _q(key[0] if isinstance(key, tuple) else key)
+    compiled = stmt.compile(dialect=psycopg2_dialect())  # type: ignore[no-untyped-call]
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", compiled.string)))
+    body = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", compiled.string).replace("%%", "%")
+    name = "railyard_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    # Values SQLAlchemy fixed (literals such as 'repair') are passed under names of this statement's own,
+    # so that two statements of one multi-statement query never mix theirs up.
+    fixed = {f"{name}_{k}": v for k, v in compiled.params.items() if v is not None}
+    args = [f"%({name}_{n})s" if f"{name}_{n}" in fixed else f"%({n})s" for n in names]
+    execute = f"EXECUTE {name}({', '.join(args)})" if names else f"EXECUTE {name}"
+    return name, f"PREPARE {name} AS {body}", execute, fixed
+
+
+@functools.cache
+def _combined(parts: tuple[str, ...]) -> Any:
+    *first, last = (_q(p) for p in parts)
+    return last.add_cte(*(s.cte(f"w{i}") for i, s in enumerate(first)))
+
+
+@functools.cache
+def _q(name: str) -> Any:
+    """The hot paths' statements, built once with named parameters (building a statement costs more
+    than running it)."""
+    p = bindparam
+    if name == "lock":
+        return update(ledger_lock).where(ledger_lock.c.id == 1).values(n=ledger_lock.c.n + 1)
+    if name == "ops_lock":  # in one order, so two lockers cannot each hold what the other waits for
+        return (select(operations.c.id).where(operations.c.id == func.any(p("l_ops", type_=ARRAY(String))))
+                .order_by(operations.c.id).with_for_update())
+    if name == "op_row_lock":
+        return select(operations.c.id).where(operations.c.id == p("r_op")).with_for_update()
+    if name == "held":
+        return select(leases.c.host).where(leases.c.op_id == p("r_op"))
+    if name in ("view", "view_hosts", "view_any"):
+        def tag(t: str) -> Any:
+            return literal_column(f"'{t}'").label("t")
+
+        none_s, none_k, none_f = null().label("b"), null().label("k"), cast(null(), Float).label("n")
+        ahead = (
+            select(waiters.c.op_id, waiters.c.since)
+            .where(waiters.c.priority > p("v_prio"), waiters.c.seen_at > p("v_cutoff", type_=Float),
+                   waiters.c.op_id != p("v_op"))
+            .order_by(waiters.c.since)
+            .limit(1)
+            .subquery()
+        )
+        parts = [
+            select(tag("m"), leases.c.domain.label("a"), none_s, none_k, cast(func.count(), Float).label("n"))
+            .select_from(leases).where(text(_NOT_REPAIR)).group_by(leases.c.domain),
+            select(tag("r"), null().label("a"), none_s, none_k, cast(func.count(), Float).label("n"))
+            .select_from(leases).where(text(_REPAIR)),
+            select(tag("a"), ahead.c.op_id.label("a"), none_s, none_k, cast(ahead.c.since, Float).label("n")),
+            select(tag("q"), waiters.c.op_id.label("a"), none_s, none_k, none_f).where(waiters.c.op_id == p("v_op")),
+            select(tag("o"), operations.c.id.label("a"), none_s, none_k, none_f).where(operations.c.id == p("v_op")),
+        ]
+        if name != "view":
+            host_in = (leases.c.host.in_(p("v_hosts", expanding=True)) if name == "view_hosts"
+                       else leases.c.host == func.any(p("v_hosts", type_=ARRAY(String))))
+            parts.append(select(tag("w"), leases.c.host.label("a"), leases.c.op_id.label("b"),
+                                leases.c.kind.label("k"), none_f).where(host_in))
+        return union_all(*parts)
+    if name == "waiter_insert":
+        return insert(waiters).values(op_id=p("w_op"), priority=p("w_prio"), since=p("w_now", type_=Float),
+                                      seen_at=p("w_now", type_=Float))
+    if name == "waiter_seen":
+        return update(waiters).where(waiters.c.op_id == p("w_op")).values(seen_at=p("w_now", type_=Float))
+    if name == "waiter_drop":
+        return waiters.delete().where(waiters.c.op_id == p("x_op"))
+    if name == "op_insert":
+        return insert(operations).values(id=p("o_id"), kind=p("o_kind"), train=p("o_train"), domain=p("o_domain"),
+                                         state="active", created_at=p("o_now", type_=Float),
+                                         updated_at=p("o_now", type_=Float), detail="{}")
+    if name == "op_active":
+        return update(operations).where(operations.c.id == p("o_id")).values(state="active",
+                                                                             updated_at=p("o_now", type_=Float))
+    if name == "op_done":
+        return (update(operations).where(operations.c.id == p("u_op"), operations.c.state == "active")
+                .values(state="done", updated_at=p("u_now", type_=Float)))
+    if name == "lease_insert":  # PostgreSQL: every host in one parameter, so it can go into a combined write
+        return insert(leases).from_select(
+            ["host", "op_id", "domain", "since", "kind"],
+            select(func.unnest(p("l_hosts", type_=ARRAY(String))), p("l_op", type_=String),
+                   p("l_domain", type_=String), p("l_since", type_=Float), p("l_kind", type_=String)),
+        )
+    if name == "lease_row":
+        return insert(leases).values(host=p("l_host"), op_id=p("l_op"), domain=p("l_domain"),
+                                     since=p("l_since", type_=Float), kind=p("l_kind"))
+    if name == "drop_all":
+        return leases.delete().where(leases.c.op_id == p("d_op"))
+    if name == "drop_some":
+        return leases.delete().where(leases.c.op_id == p("d_op"), leases.c.host.in_(p("d_hosts", expanding=True)))
+    if name == "drop_some_any":  # PostgreSQL: the hosts as one array parameter (preparable)
+        return leases.delete().where(leases.c.op_id == p("d_op"),
+                                     leases.c.host == func.any(p("d_hosts", type_=ARRAY(String))))
+    if name == "audit":
+        return insert(audit).values(at=p("a_at", type_=Float), actor=p("a_actor"), op_id=p("a_op_id"),
+                                    action=p("a_action"), hosts=p("a_hosts"), reason=p("a_reason"))
+    raise KeyError(name)
+
+
+def _host_set(hosts: Iterable[str] | None) -> Collection[str] | None:
+    if hosts is None or isinstance(hosts, set | frozenset):
+        return hosts
+    return set(hosts)
+
+
+def _audit_row(actor: str, op_id: str | None, action: str, hosts: list[str], reason: str,
+               prefix: str = "") -> dict[str, Any]:
+    return {f"{prefix}at": time.time(), f"{prefix}actor": actor, f"{prefix}op_id": op_id, f"{prefix}action": action,
+            f"{prefix}hosts": json.dumps(hosts), f"{prefix}reason": reason}
 
 
 def _audit(c: Connection, actor: str, op_id: str | None, action: str, hosts: list[str], reason: str) -> None:
-    c.execute(
-        insert(audit).values(at=time.time(), actor=actor, op_id=op_id, action=action, hosts=json.dumps(hosts), reason=reason)
-    )
+    c.execute(_q("audit"), _audit_row(actor, op_id, action, hosts, reason, prefix="a_"))
+
+
+def _create_missing_indexes(engine: Engine) -> None:
+    """`create_all` makes a missing table with its indexes, but adds none to a table that exists:
+    a ledger made by an older Railyard gets them here, once."""
+    with engine.begin() as c:
+        insp = inspect(c)
+        for t in metadata.sorted_tables:
+            if not t.indexes:
+                continue
+            have = {ix["name"] for ix in insp.get_indexes(t.name)}
+            for ix in sorted(t.indexes, key=lambda i: str(i.name)):
+                if ix.name not in have:
+                    ix.create(c)
+
+
+def _already_exists(exc: DBAPIError) -> bool:
+    """Another process created the same table or index at the same moment."""
+    text = str(exc)
+    return "already exists" in text or "duplicate key value" in text
 
 
 def _make_engine(url: str) -> Engine:
@@ -610,11 +900,31 @@ def _make_engine(url: str) -> Engine:
         eng = create_engine(url, connect_args={"timeout": 60})
 
         @event.listens_for(eng, "connect")
-        def _pragmas(dbapi_conn, _record):  # noqa: ANN001
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=60000")
             cur.close()
 
         return eng
-    return create_engine(url, pool_pre_ping=True)
+    eng = create_engine(url)
+
+    @event.listens_for(eng, "checkin")
+    def _returned(_dbapi_conn: Any, record: Any) -> None:
+        record.info["railyard_used"] = time.monotonic()
+
+    @event.listens_for(eng, "checkout")
+    def _ping_when_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        """pool_pre_ping, but only for a connection idle for a while: one that was just used is alive,
+        and a ping per checkout is a round trip per ledger call."""
+        last = record.info.get("railyard_used")
+        if last is not None and time.monotonic() - last > _PING_IDLE_S:
+            try:
+                eng.dialect.do_ping(dbapi_conn)
+            except Exception as exc:  # the pool drops it and checks out a fresh one
+                raise DisconnectionError(f"ledger connection lost while idle: {exc}") from exc
+
+    return eng
+
+
+_PING_IDLE_S = 1.0

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 USER = "postgres"
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -104,11 +105,10 @@ class PostgresServer:
             pw = pwd.getpwnam(USER)
         self._uid, self._gid = pw.pw_uid, pw.pw_gid
 
-    def _popen_user(self) -> dict[str, object]:
-        """Popen switches uid/gid itself (no `runuser` in between): the pid we hold is the postmaster."""
-        if self._uid is None:
-            return {}
-        return {"user": self._uid, "group": self._gid, "extra_groups": []}
+    def _extra_groups(self) -> list[int] | None:
+        """With `user`/`group`, Popen switches uid and gid itself (no `runuser` in between, so the pid we
+        hold is the postmaster's); no supplementary groups of root's are kept."""
+        return None if self._uid is None else []
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
@@ -159,7 +159,8 @@ class PostgresServer:
             r = subprocess.run(
                 [str(initdb), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8", "--locale=C",
                  "--no-sync"],
-                capture_output=True, text=True, env=self._env(), cwd=str(self.base), **self._popen_user(),  # type: ignore[arg-type]
+                capture_output=True, text=True, env=self._env(), cwd=str(self.base), user=self._uid, group=self._gid,
+                extra_groups=self._extra_groups(),
             )
             if r.returncode != 0:
                 raise RuntimeError(f"initdb failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -167,14 +168,15 @@ class PostgresServer:
             self.proc = subprocess.Popen(
                 [str(postgres), "-D", str(self.data), "-k", str(self.socket_dir), "-h", ""],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env(),
-                cwd=str(self.base), start_new_session=True, **self._popen_user(),  # type: ignore[arg-type]
+                cwd=str(self.base), start_new_session=True, user=self._uid, group=self._gid,
+                extra_groups=self._extra_groups(),
             )
         self._chown(self.log)
         self.pid = self.proc.pid
         self._wait_ready(timeout)
         self.create_database("railyard")
 
-    def _connect(self, db: str = "postgres"):  # noqa: ANN202 - psycopg2 connection
+    def _connect(self, db: str = "postgres") -> Any:  # a psycopg2 connection
         import psycopg2
 
         return psycopg2.connect(host=str(self.socket_dir), user=USER, dbname=db, connect_timeout=5)

@@ -102,13 +102,14 @@ def test_a_checkpoint_that_never_comes_ends_at_its_deadline(train_env):
 
 def test_a_dodging_job_has_its_domain_visited_last(train_env):
     data = small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0)
-    data["trains"][0].update(max_dodges=1, max_dodge_s=3600, cycle_days=7)
+    data["trains"][0].update(max_dodges=1, max_dodge_s=36000, cycle_days=7)
     stack, fleet, tmp = train_env(data)
     job = fleet.jobs(stack.config.domain("pod-a").hosts)[0]
-    # the job's hosts span pod-a (and pod-b): it asks that they not be taken for 20 fleet minutes
+    # the job's hosts span pod-a (and pod-b): it asks that they not be taken for 200 fleet minutes
+    # (20 s at the 600x clock: longer than the first stop takes to start on a loaded machine)
     on_a = set(job.hosts) & set(stack.config.domain("pod-a").hosts)
     assert on_a
-    fleet.set_job(job.id, dodge_until=fleet.now() + 1200)
+    fleet.set_job(job.id, dodge_until=fleet.now() + 12000)
     dr = load_dag("railyard_train_demo").test()
     st = states(dr)
     assert dr.state == "success", st
@@ -118,5 +119,7 @@ def test_a_dodging_job_has_its_domain_visited_last(train_env):
     targets = stack.config.train_targets(stack.config.train("demo"))
     assert all(h.versions == targets and h.state == HostState.SERVING for h in fleet.hosts())
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
-    assert [r["action"] for r in led.audit_rows() if r["action"].startswith("dodge")] == ["dodge"]
+    # one dodge granted (pod-a); the job also spans pod-b, which max_dodges=1 cannot postpone too
+    actions = [r["action"] for r in led.audit_rows() if r["action"].startswith("dodge")]
+    assert actions[0] == "dodge" and actions.count("dodge") == 1 and set(actions) <= {"dodge", "dodge_refused"}
     assert set(led.last_visits("demo")) == {"pod-a", "pod-b", "pod-c"}

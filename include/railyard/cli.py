@@ -168,6 +168,97 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Active operations: their hosts, run, age and last action. A read."""
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.ops import describe_ops
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    ops = Ledger(cfg.ledger.url).active_operations()
+    print(json.dumps(ops, indent=1, default=str) if args.json else describe_ops(ops))
+    return 0
+
+
+def cmd_host(args: argparse.Namespace) -> int:
+    """One host's record: its lease, the operations that touched it, its checks with evidence. A read."""
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.ops import describe_host
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.host not in cfg.host_domain():
+        print(f"host: {args.host!r} is not a host of the config", file=sys.stderr)
+        return 2
+    h = Ledger(cfg.ledger.url).host_history(args.host)
+    print(json.dumps(h, indent=1, default=str) if args.json else describe_host(h))
+    return 0
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    """Release an operation's lease by hand (audited): only when its hosts are serving or in repair."""
+    import getpass
+
+    from railyard.ledger import Ledger
+    from railyard.ops import ControlError, release_lease
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    try:
+        out = release_lease(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), args.op, reason=args.reason or "",
+                            actor=args.actor or getpass.getuser(), to_repair=args.to_repair)
+    except ControlError as exc:
+        print(f"lease release: {exc}", file=sys.stderr)
+        return 2
+    except FleetError as exc:
+        print(f"lease release: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        return 4
+    print(f"{out['op']}: released {len(out['released'])} host(s)"
+          + (f"; sent to repair: {', '.join(out['to_repair'])}" if out["to_repair"] else ""))
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """Finish the stops whose Airflow run is finished or deleted (as the railyard_reconcile DAG does)."""
+    from railyard.ledger import Ledger
+    from railyard.reconcile import AirflowApi, ReconcileError, reconcile
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    try:
+        out = reconcile(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), AirflowApi.from_env(args.airflow),
+                        actor=args.actor or "reconciler", only=args.op or None)
+    except ReconcileError as exc:
+        print(f"reconcile: {exc}", file=sys.stderr)
+        return 4
+    except FleetError as exc:
+        print(f"reconcile: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        return 4
+    for r in out:
+        extra = (f": returned {r['returned']}, to repair {', '.join(r['to_repair']) or 'none'}" if r["action"] == "closed"
+                 else f": {r['error']}" if r["action"] == "failed" else "")
+        print(f"{r['op']}: {r['action']} ({r['why']}){extra}")
+    if not out:
+        print("nothing to reconcile: every active operation's run is alive")
+    return 3 if any(r["action"] == "failed" for r in out) else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from railyard.demo import main as demo_main
 
@@ -224,6 +315,36 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--config", help=cfg_help)
     dr.add_argument("--fleet-url", help=url_help)
     dr.set_defaults(func=cmd_drift)
+
+    o = sub.add_parser("ops", help="active operations: hosts held, run, age, last action")
+    o.add_argument("--json", action="store_true")
+    o.add_argument("--config", help=cfg_help)
+    o.set_defaults(func=cmd_ops)
+
+    hh = sub.add_parser("host", help="one host's record: lease, operations, checks with evidence, versions")
+    hh.add_argument("host")
+    hh.add_argument("--json", action="store_true")
+    hh.add_argument("--config", help=cfg_help)
+    hh.set_defaults(func=cmd_host)
+
+    le = sub.add_parser("lease", help="release an operation's lease by hand (its hosts serving or in repair)")
+    le.add_argument("action", choices=["release"])
+    le.add_argument("op", help="operation id (`railyard ops`)")
+    le.add_argument("--reason", help="why (required, 10+ characters; recorded in the audit)")
+    le.add_argument("--to-repair", action="store_true", help="send hosts that are out to repair first")
+    le.add_argument("--actor", help="who (default: the current user)")
+    le.add_argument("--config", help=cfg_help)
+    le.add_argument("--fleet-url", help=url_help)
+    le.set_defaults(func=cmd_lease)
+
+    rc = sub.add_parser("reconcile", help="finish the stops whose Airflow run is finished or deleted")
+    rc.add_argument("op", nargs="*", help="only these operations (default: every active one)")
+    rc.add_argument("--airflow", help="Airflow's URL (default: RAILYARD_AIRFLOW_API or http://127.0.0.1:8080); "
+                    "credentials: RAILYARD_AIRFLOW_TOKEN, or RAILYARD_AIRFLOW_USER and RAILYARD_AIRFLOW_PASSWORD")
+    rc.add_argument("--actor", help="who (default: reconciler)")
+    rc.add_argument("--config", help=cfg_help)
+    rc.add_argument("--fleet-url", help=url_help)
+    rc.set_defaults(func=cmd_reconcile)
 
     d = sub.add_parser("demo", help="run the demo train on Airflow against the simulator")
     d.add_argument("--once", action="store_true", help="exit after the train ends (as RAILYARD_DEMO_ONCE=1)")

@@ -6,14 +6,18 @@ all at once. The plan is what the run then does, stop by stop.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, ValidationError
 
+from railyard import releases
 from railyard.config import ConfigError, RailyardConfig, TrainSpec
 from railyard.fleet.port import Fleet
+from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Strict, Token
-from railyard.stop import pending_steps, stop_estimate_s
+from railyard.stop import Stop, pending_steps, stop_estimate_s
 
 
 class EmergencyError(ConfigError):
@@ -130,3 +134,56 @@ def describe(p: dict[str, Any]) -> str:
                      f"{len(s['steps'])} need work; checkpoint {', '.join(s['jobs_to_checkpoint']) or '-'}"
                      + (f"; AT RISK without checkpoint: {', '.join(s['jobs_at_risk'])}" if s["jobs_at_risk"] else ""))
     return "\n".join(lines)
+
+
+def broken_rules(config: RailyardConfig, fleet: Fleet, req: EmergencyRequest) -> list[str]:
+    """The compatibility rules (`compatibility.rules`) that the hosts in scope would break once the
+    emergency's releases are applied: one message per rule, naming the hosts; [] when safe."""
+    if not config.rules():
+        return []
+    targets = config.train_targets(emergency_train(req))
+    owner = config.host_domain()
+    scope = {h for d in req.domains for h in config.domain(d).hosts} | {h for h in req.hosts if h in owner}
+    hosts = [h for h in fleet.hosts(sorted(scope)) if h.state not in BROKEN_STATES]
+    return releases.check_visit(config, hosts, lambda _h: targets, step="after the emergency")
+
+
+def run_op(run_id: str) -> str:
+    """The operation that records an emergency run's form and plan."""
+    return f"emergency/{run_id}"
+
+
+def stop_of_run(cfg: RailyardConfig, led: Ledger, *, run_id: str, fleet: Fleet, say: Callable[[str], None],
+                slot: str | None = None, domain: str | None = None, **kw: Any) -> Stop | None:
+    """The Stop of an emergency run: slot `stop_N` (the N-th stop of its validated plan) or the stop on
+    `domain`; None when the run recorded no plan, is a dry run, or has no such stop."""
+    op = led.operation(run_op(run_id))
+    if op is None:
+        return None
+    detail = json.loads(op["detail"] or "{}")
+    stops = detail["plan"]["stops"]
+    if detail["plan"]["dry_run"]:
+        return None
+    if slot is not None:
+        n = int(slot.removeprefix("stop_"))
+        s = stops[n - 1] if 1 <= n <= len(stops) else None
+    else:
+        s = next((x for x in stops if x["domain"] == domain), None)
+    if s is None:
+        return None
+    req = EmergencyRequest.model_validate(detail["request"])
+    fields: dict[str, Any] = {"actor": f"emergency:{detail.get('user') or 'unknown'}"} | kw
+    return Stop(
+        config=cfg,
+        train=emergency_train(req),
+        domain=cfg.domain(s["domain"]),
+        op_id=f"emergency/{run_id}/{s['domain']}",
+        fleet=fleet,
+        ledger=led,
+        say=say,
+        kind="emergency",
+        scope=None if s["whole_domain"] else s["hosts"],
+        skip_checkpoint_reason=req.skip_checkpoint_reason if req.skip_checkpoint else None,
+        domains_at_once=req.domains_at_once,
+        **fields,
+    )

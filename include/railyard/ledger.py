@@ -613,6 +613,62 @@ class Ledger:
         with self.engine.connect() as c:
             return int(c.execute(select(func.count()).select_from(audit)).scalar_one())
 
+    # ---- what an operator reads and does (railyard ops / host / lease release / reconcile) --------------
+    def active_operations(self) -> list[dict[str, Any]]:
+        """Active operations, oldest first, each with `hosts` (held now) and `last` (its last audit row)."""
+        with self.engine.connect() as c:
+            ops = [dict(r._mapping) for r in c.execute(
+                select(operations).where(operations.c.state == "active").order_by(operations.c.created_at))]
+            ids = [o["id"] for o in ops]
+            held: dict[str, list[str]] = {}
+            last: dict[str, dict[str, Any]] = {}
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                for r in c.execute(select(leases.c.op_id, leases.c.host).where(leases.c.op_id.in_(chunk))):
+                    held.setdefault(r.op_id, []).append(r.host)
+                newest = (select(func.max(audit.c.id)).where(audit.c.op_id.in_(chunk)).group_by(audit.c.op_id)
+                          .scalar_subquery())
+                for r in c.execute(select(audit).where(audit.c.id.in_(newest))):
+                    last[r.op_id] = dict(r._mapping) | {"hosts": json.loads(r.hosts)}
+        for o in ops:
+            o["detail"] = json.loads(o["detail"] or "{}")
+            o["hosts"] = sorted(held.get(o["id"], []))
+            o["last"] = last.get(o["id"])
+        return ops
+
+    def finish_operation(self, op_id: str, *, reason: str, actor: str = "railyard") -> bool:
+        """Mark an active operation that holds nothing done, with an audit row; False if it holds hosts."""
+        with self.engine.begin() as c:
+            _lock(c, ops=[op_id])
+            if c.execute(select(leases.c.host).where(leases.c.op_id == op_id).limit(1)).first() is not None:
+                return False
+            r = c.execute(update(operations).where(operations.c.id == op_id, operations.c.state == "active")
+                          .values(state="done", updated_at=time.time()))
+            if r.rowcount:
+                _audit(c, actor, op_id, "finish", [], reason)
+            return True
+
+    def host_history(self, host: str, limit: int = 500) -> dict[str, Any]:
+        """One host's record: who holds it now, every audit row that names it, and every check of it
+        (verdict, versions seen, evidence), oldest first."""
+        with self.engine.connect() as c:
+            lease = c.execute(select(leases).where(leases.c.host == host)).first()
+            rows = [dict(r._mapping) for r in c.execute(
+                select(audit).where(audit.c.hosts.contains(json.dumps(host), autoescape=True))
+                .order_by(audit.c.id.desc()).limit(limit))]
+            checks = [dict(r._mapping) for r in c.execute(
+                select(verifications).where(verifications.c.host == host).order_by(verifications.c.at))]
+        events = []
+        for r in reversed(rows):
+            hosts = json.loads(r["hosts"])
+            if host in hosts:  # `contains` also matches a name that merely includes this one in quotes
+                events.append(r | {"hosts": hosts})
+        for ch in checks:
+            ch["versions"] = json.loads(ch["versions"])
+            ch["passed"] = bool(ch["passed"])
+        return {"host": host, "lease": None if lease is None else dict(lease._mapping), "events": events,
+                "checks": checks}
+
 
 def _lock(c: Connection, ops: Collection[str] = ()) -> None:
     """Take the ledger lock: every change of leases or waiters is made under it, one at a time.

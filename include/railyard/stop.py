@@ -91,6 +91,8 @@ class Stop:
     scope: list[str] | None = None  # only these hosts of the domain (an emergency's host scope)
     skip_checkpoint_reason: str | None = None  # drain without waiting for checkpoints (cost recorded)
     domains_at_once: int = 1  # an emergency with large_scale may take more domains together
+    closing: bool = False  # its run is gone (railyard.reconcile): finish safely, start no new install
+    fixed_targets: dict[str, str] | None = None  # a repair's gate: the targets frozen when the host went out
     _host_targets: dict | None = field(default=None, init=False, repr=False)
 
     @property
@@ -99,6 +101,8 @@ class Stop:
 
     @property
     def targets(self) -> dict[str, str]:
+        if self.fixed_targets is not None:
+            return dict(self.fixed_targets)
         return self.config.train_targets(self.train)
 
     def targets_for(self, host: str) -> dict[str, str]:
@@ -394,12 +398,14 @@ class Stop:
         """Deep health check of the drained hosts; failures go to repair with the evidence."""
         held = self._require_lease()
         names = hosts if hosts is not None else held
-        todo = [h.name for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)]
+        todo_hosts = {h.name: h for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)}
+        todo = list(todo_hosts)
+        expect = {n: self.expected(h) for n, h in todo_hosts.items()}
         for name in todo:
             if name not in self.ledger.holdings(self.op_id):
                 continue  # taken over meanwhile
             if self.ledger.verification(self.op_id, name) is None:
-                self.fleet.start_check(name, self.targets_for(name), self.op_id)
+                self.fleet.start_check(name, expect[name], self.op_id)
 
         def probe() -> tuple[bool, str]:
             res = self.fleet.check_results(todo, self.op_id) if todo else []
@@ -413,11 +419,18 @@ class Stop:
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
             if r.host not in still:
                 continue
-            ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in self.targets_for(r.host).items())
-            self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason)
-            releases.record_outcome(self, r.host, ok, r.reason or ("" if ok else "versions not at target"))
+            want = expect.get(r.host, self.targets_for(r.host))
+            ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in want.items())
+            broken = releases.broken_rules(self.config.rules(), dict(r.versions)) if ok and self.closing else []
+            reason = r.reason or ("" if ok else "versions not at target")
+            if broken:  # a half-done install of a crashed run: never back in service in that mix
+                seen = ", ".join(f"{c}={r.versions.get(c, '-')}" for c in broken[0].components)
+                ok, reason = False, f"versions break the rule {broken[0].text!r}: {seen}"
+            self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason if ok else reason)
+            if want == self.targets_for(r.host):  # a check at versions no release brought is no release outcome
+                releases.record_outcome(self, r.host, ok, reason)
             if not ok:
-                self.offboard(r.host, f"health check failed: {r.reason or 'versions not at target'}")
+                self.offboard(r.host, f"health check failed: {reason}")
                 failed.append(r.host)
         self.halt_if_failing()
         return {"checked": len(todo), "passed": len(todo) - len(failed), "offboarded": failed}
@@ -432,13 +445,21 @@ class Stop:
                 f"first: {reasons[0]}"
             )
 
+    def expected(self, host: Host) -> dict[str, str]:
+        """The versions a check must find on `host`: its targets, or, when the stop is closing for a run
+        that is gone and the host never reached them, the versions it has (no new install is started)."""
+        targets = self.targets_for(host.name)
+        if not self.closing or not pending_steps(targets, host):
+            return targets
+        return {c: host.versions[c] for c in targets if c in host.versions}
+
     def verified(self, host: Host) -> bool:
         """A passing check recorded for this op, and the host still at the versions it saw."""
         v = self.ledger.verification(self.op_id, host.name)
         if v is None or not v[0]:
             return False
         seen = v[1]
-        return all(host.versions.get(c) == ver == seen.get(c) for c, ver in self.targets_for(host.name).items())
+        return all(host.versions.get(c) == ver == seen.get(c) for c, ver in self.expected(host).items())
 
     # ---- 6. return ----------------------------------------------------------------------------
     def return_hosts(self) -> dict:
@@ -449,7 +470,7 @@ class Stop:
         """
         held = self.held()
         if not held:  # never taken, already returned, taken over, or every host went to repair
-            if self.ledger.operation(self.op_id) is not None and self.kind == "train_stop":
+            if self.ledger.operation(self.op_id) is not None and self.kind == "train_stop" and not self.closing:
                 self._revisit_if_taken_over()
                 self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
             return {"returned": 0, "offboarded": self.offboarded()}
@@ -492,10 +513,14 @@ class Stop:
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
         repaired = self.offboarded()
-        if self.op_id.startswith("repair/") and repaired:
-            return {"returned": 0, "offboarded": repaired}  # failed its gate: the repair keeps it
-        self.ledger.release(self.op_id, actor=self.actor, reason=f"returned {len(back)}, to repair {len(repaired)}")
-        if self.kind == "train_stop" and not self.op_id.startswith("repair/"):
+        why = f"returned {len(back)}, to repair {len(repaired)}" + (" (closing: its run is gone)" if self.closing else "")
+        if self.op_id.startswith("repair/"):
+            # a repair keeps what is in repair now (a failed gate), whatever its history says
+            kept = [h.name for h in final if h.state in BROKEN_STATES]
+            self.ledger.release(self.op_id, [h.name for h in final if h.name not in kept], actor=self.actor, reason=why)
+            return {"returned": len(back), "offboarded": kept}
+        self.ledger.release(self.op_id, actor=self.actor, reason=why)
+        if self.kind == "train_stop" and not self.closing:
             self._revisit_if_taken_over()
             self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 from railyard.config import RailyardConfig, config_path, load_config
-from railyard.emergency import EmergencyRequest, emergency_train
+from railyard.emergency import run_op, stop_of_run
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger, resolve_url
 from railyard.stop import Stop, op_id_for
@@ -56,32 +55,9 @@ def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, s
 
 
 def emergency_run_op(run_id: str) -> str:
-    return f"emergency/{run_id}"
+    return run_op(run_id)
 
 
 def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet, say) -> Stop | None:
     """Slot `stop_N` of an emergency run: the N-th stop of its validated plan, or None."""
-    op = led.operation(emergency_run_op(run_id))
-    if op is None:
-        return None
-    detail = json.loads(op["detail"] or "{}")
-    stops = detail["plan"]["stops"]
-    n = int(slot.removeprefix("stop_"))
-    if detail["plan"]["dry_run"] or n > len(stops):
-        return None
-    req = EmergencyRequest.model_validate(detail["request"])
-    s = stops[n - 1]
-    return Stop(
-        config=cfg,
-        train=emergency_train(req),
-        domain=cfg.domain(s["domain"]),
-        op_id=f"emergency/{run_id}/{s['domain']}",
-        fleet=fleet,
-        ledger=led,
-        actor=f"emergency:{detail.get('user') or 'unknown'}",
-        say=say,
-        kind="emergency",
-        scope=None if s["whole_domain"] else s["hosts"],
-        skip_checkpoint_reason=req.skip_checkpoint_reason if req.skip_checkpoint else None,
-        domains_at_once=req.domains_at_once,
-    )
+    return stop_of_run(cfg, led, run_id=run_id, slot=slot, fleet=fleet, say=say)

@@ -21,8 +21,10 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 
 from railyard.config import RailyardConfig, config_path, load_config
+from railyard.reconcile import dag_id_for
 from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
+from railyard_airflow.operators.reconcile import ReconcileOperator
 from railyard_airflow.operators.release import ReleaseActionOperator
 from railyard_airflow.operators.repair import RepairGateOperator
 from railyard_airflow.operators.report import CycleReportOperator, EndRunOperator
@@ -36,10 +38,6 @@ from railyard_airflow.sensors.stop import BufferCapacitySensor, CheckpointSensor
 
 START = datetime(2026, 1, 1)
 MARGIN = timedelta(minutes=5)  # execution_timeout = the step's own deadline + this
-
-
-def dag_id_for(train_id: str) -> str:
-    return f"railyard_train_{_safe(train_id)}"
 
 
 def _safe(name: str) -> str:
@@ -205,6 +203,31 @@ def build_repair_dag(path: str | None = None) -> DAG:
         RepairGateOperator(task_id="gate_repaired_hosts", fleet_conn_id=config.fleet.connection, config_path=p,
                            execution_timeout=timedelta(seconds=config.timeouts.upgrade_s + config.timeouts.check_s)
                            + MARGIN)
+    return dag
+
+
+def build_reconcile_dag(path: str | None = None) -> DAG:
+    """Every 10 minutes: operations whose run is finished or deleted are finished safely (their hosts
+    checked and returned, or sent to repair) and their leases released."""
+    p = str(config_path(path))
+    config = load_config(p)
+    t = config.timeouts
+    with DAG(
+        dag_id="railyard_reconcile",
+        description="Finish the stops of runs that are gone; release their leases safely",
+        schedule="*/10 * * * *",
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        tags=["railyard", "recovery"],
+        doc_md="Leases never expire. A run marked failed or deleted mid-stop leaves its hosts out and its "
+        "lease held: this DAG finds such operations (asking Airflow about each one's run) and finishes "
+        "their stop through its teardown. `railyard ops` lists what is held; `railyard reconcile` does "
+        "the same from a shell.",
+    ) as dag:
+        ReconcileOperator(task_id="reconcile", fleet_conn_id=config.fleet.connection, config_path=p,
+                          execution_timeout=timedelta(seconds=t.drain_s + t.upgrade_s + t.check_s + t.return_s)
+                          + MARGIN)
     return dag
 
 

@@ -25,7 +25,8 @@ def dagbag(monkeypatch, config: Path | None = None):
 def test_demo_dags_import(monkeypatch):
     bag = dagbag(monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["railyard_emergency", "railyard_releases", "railyard_repairs", "railyard_train_demo"]
+    assert sorted(bag.dag_ids) == ["railyard_emergency", "railyard_reconcile", "railyard_releases", "railyard_repairs",
+                                   "railyard_train_demo"]
     dag = bag.dags["railyard_train_demo"]
     groups = [tid.split(".")[0] for tid in dag.task_ids if tid.endswith(".wait_capacity")]
     assert groups == [f"pod-{c}" for c in "abcdefgh"] + ["revisit_1"]

@@ -362,13 +362,73 @@ def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
     (ha1,) = fleet.hosts(["ha1"])
     assert ha1.state == HostState.SERVING and ha1.versions == cfg.train_targets(cfg.train("t"))
     assert "ha1" not in ledger.holdings() and fleet.audit()["unverified_returns"] == []
-    # a host whose gate check fails goes back to repair, under the same repair operation
+    # a host whose gate check fails goes back to repair, under the attempt that failed it
     fleet.repaired("ha2")
     fleet.settings(check_fail_rate=1.0)
     out = gate()
     assert out["failed_gate"] == ["ha2"]
     (ha2,) = fleet.hosts(["ha2"])
-    assert ha2.state == HostState.REPAIR and ledger.holdings()["ha2"] == f"repair/ha2/{s.op_id}"
+    assert ha2.state == HostState.REPAIR and ledger.holdings()["ha2"] == f"repair/ha2/{s.op_id}/attempt-1"
+
+
+def test_a_host_that_fails_the_gate_twice_comes_back_on_the_third_attempt(tmp_path):
+    """Each gate attempt is a fresh operation: the failures of the first two are never re-applied, and
+    the lease is released from the host's state now, not from the history of offboards in the audit."""
+    from railyard.repair import gate_repaired
+
+    cfg, clock, fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    fleet.settings(check_fail_rate=1.0)
+    s.check()
+    s.return_hosts()
+    assert sorted(h for h, op in ledger.holdings().items() if op.startswith("repair/")) == ["ha1", "ha2", "ha3", "ha4"]
+    gate = lambda: gate_repaired(cfg, fleet, ledger, sleep=clock.advance, clock=clock, say=lambda m: None)  # noqa: E731
+    for attempt in (1, 2):
+        fleet.repaired("ha3")
+        out = gate()
+        assert out["failed_gate"] == ["ha3"] and out["returned"] == []
+        assert ledger.holdings()["ha3"] == f"repair/ha3/{s.op_id}/attempt-{attempt}"
+        assert fleet.hosts(["ha3"])[0].state == HostState.REPAIR
+    fleet.repaired("ha3")
+    fleet.settings(check_fail_rate=0.0)
+    out = gate()
+    assert out["returned"] == ["ha3"] and out["failed_gate"] == []
+    (ha3,) = fleet.hosts(["ha3"])
+    assert ha3.state == HostState.SERVING and ha3.versions == cfg.train_targets(cfg.train("t"))
+    assert "ha3" not in ledger.holdings()
+    attempt3 = f"repair/ha3/{s.op_id}/attempt-3"
+    assert ledger.verification(attempt3, "ha3")[0] is True  # its own verdict, not an earlier attempt's
+    assert ledger.verification(f"repair/ha3/{s.op_id}/attempt-2", "ha3")[0] is False
+    assert fleet.audit()["unverified_returns"] == []
+    assert ledger.operation(attempt3)["state"] == "done"
+
+
+def test_a_host_offboarded_by_an_emergency_comes_back_through_the_gate(tmp_path):
+    """The gate brings it to the emergency's targets, frozen when it was offboarded (there is no train
+    called `emergency` to look them up from)."""
+    from railyard.repair import gate_repaired
+
+    cfg, clock, fleet, ledger, _stop, emergency = emergency_world(tmp_path)
+    e = emergency("pod-b")
+    assert e.take().granted
+    wait_checkpoints(e, clock)
+    e.drain()
+    e.upgrade()
+    fleet.settings(check_fail_rate=1.0)
+    e.check()
+    e.return_hosts()
+    assert ledger.holdings()["hb2"].startswith("repair/hb2/emergency/e1/pod-b")
+    fleet.settings(check_fail_rate=0.0)
+    fleet.repaired("hb2")
+    out = gate_repaired(cfg, fleet, ledger, sleep=clock.advance, clock=clock, say=lambda m: None)
+    assert out["returned"] == ["hb2"]
+    (hb2,) = fleet.hosts(["hb2"])
+    assert hb2.state == HostState.SERVING and hb2.versions["gpu-driver"] == "575.1"
+    assert hb2.versions["fabric-manager"] == "550.1"  # the emergency's release only
 
 
 def emergency_world(tmp_path, **kw):

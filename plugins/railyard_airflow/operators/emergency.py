@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.emergency import EmergencyError, describe, parse_request, plan
+from railyard.emergency import EmergencyError, broken_rules, describe, parse_request, plan
 from railyard_airflow.context import emergency_run_op, ledger
 from railyard_airflow.mixins import FleetOperator
 
@@ -32,6 +32,10 @@ class EmergencyPlanOperator(FleetOperator):
         except EmergencyError as exc:
             led.note(emergency_run_op(run_id), "emergency_invalid", [], "; ".join(exc.problems), actor=user)
             raise AirflowFailException("emergency form refused, nothing touched:\n" + "\n".join(exc.problems)) from None
+        broken = broken_rules(cfg, self.hook.get_conn(), req)
+        if broken:  # e.g. a driver without its matching fabric manager under an `equals` rule
+            led.note(emergency_run_op(run_id), "emergency_refused", [], "; ".join(broken), actor=user)
+            raise AirflowFailException("emergency refused by compatibility.rules, nothing touched:\n" + "\n".join(broken))
         p = plan(cfg, self.hook.get_conn(), req)
         self.log.info("%s", describe(p))
         led.open_operation(

@@ -1,0 +1,111 @@
+"""An operator's view and controls: what is held (`railyard ops`), one host's record (`railyard host`),
+and releasing a lease by hand (`railyard lease release`). Every control is audited with the user.
+
+A lease is released by hand only when every host it holds is serving or in repair: hosts out of
+service come back through the gate first (`railyard reconcile` once their run is gone), or go to
+repair with `to_repair` (each handed to a repair operation, which brings it back through the gate).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from railyard.config import RailyardConfig
+from railyard.fleet.port import Fleet
+from railyard.ledger import Ledger
+from railyard.models import BROKEN_STATES, HostState
+from railyard.reconcile import owner_of, stop_for
+
+MIN_REASON = 10
+
+
+class ControlError(RuntimeError):
+    """A control refused, before anything was touched; the message says why and what to do."""
+
+
+def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: str, *, reason: str, actor: str,
+                  to_repair: bool = False) -> dict[str, Any]:
+    """Release every lease of `op_id` by hand (see the module's rules). Returns what was done."""
+    reason = (reason or "").strip()
+    if len(reason) < MIN_REASON:
+        raise ControlError(f"reason: say why in at least {MIN_REASON} characters (value: {reason!r})")
+    op = ledger.operation(op_id)
+    if op is None:
+        raise ControlError(f"operation {op_id!r}: no such operation in the ledger (`railyard ops` lists them)")
+    held = sorted(ledger.holdings(op_id))
+    if not held:
+        raise ControlError(f"operation {op_id!r} holds no host (state {op['state']}): nothing to release")
+    hosts = fleet.hosts(held)
+    out = [h for h in hosts if h.state not in (HostState.SERVING, *BROKEN_STATES)]
+    stuck_in_repair = [h for h in hosts if h.state == HostState.REPAIR and op["kind"] != "repair"]
+    if out and not to_repair:
+        ledger.note(op_id, "lease_release_refused", [h.name for h in out], f"{len(out)} host(s) out: {reason}",
+                    actor=actor)
+        listed = ", ".join(f"{h.name} ({h.state})" for h in out[:8]) + (" ..." if len(out) > 8 else "")
+        raise ControlError(
+            f"{op_id}: {len(out)} host(s) out of service: {listed}. A lease is released only when its hosts are "
+            "serving or in repair: return them through the gate first (`railyard reconcile` once its run is "
+            "gone), or send them to repair with --to-repair")
+    if op["kind"] == "repair" and out:
+        raise ControlError(f"{op_id}: a repair's hosts come back through the repair gate, not by hand "
+                           f"({', '.join(h.name for h in out)} waiting for it)")
+    sent: list[str] = []
+    if out or stuck_in_repair:  # each to a repair operation of its own, with the targets it was out for
+        full = op | {"detail": json.loads(op["detail"] or "{}")}
+        stop = stop_for(config, fleet, ledger, full, actor=actor, say=lambda _m: None)
+        for h in out + stuck_in_repair:
+            stop.offboard(h.name, f"sent to repair by {actor}: {reason}")
+            sent.append(h.name)
+    left = sorted(ledger.holdings(op_id))
+    ledger.release(op_id, actor=actor, reason=f"released by hand: {reason}")
+    return {"op": op_id, "released": left, "to_repair": sent}
+
+
+def describe_ops(ops: list[dict[str, Any]], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if not ops:
+        return "no active operation"
+    lines = [f"{'OPERATION':<52} {'KIND':<10} {'HOSTS':>5}  {'AGE':>7}  RUN / LAST ACTION"]
+    for o in ops:
+        own = owner_of(o)
+        run = f"{own[0]}/{own[1]}" if own else "-"
+        last = o["last"]
+        did = (f"{last['action']} by {last['actor']} {_ago(now - last['at'])} ago: {last['reason'][:80]}"
+               if last else "-")
+        hosts = ", ".join(o["hosts"][:4]) + (f" +{len(o['hosts']) - 4}" if len(o["hosts"]) > 4 else "")
+        lines.append(f"{o['id']:<52} {o['kind']:<10} {len(o['hosts']):>5}  {_ago(now - o['created_at']):>7}  {run}")
+        lines.append(f"{'':<52} {'':<10} {'':>5}  {'':>7}  {did}" + (f"\n{'':<80}{hosts}" if hosts else ""))
+    return "\n".join(lines)
+
+
+def describe_host(h: dict[str, Any]) -> str:
+    lease = h["lease"]
+    lines = [f"{h['host']}: " + (f"held by {lease['op_id']} ({lease['kind']}) since "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(lease['since']))}Z"
+                                  if lease else "no lease")]
+    lines.append("operations:")
+    for e in h["events"]:
+        lines.append(f"  {_ts(e['at'])}  {e['action']:<14} {e['op_id'] or '-'}  by {e['actor']}: {e['reason']}")
+    lines.append("checks (versions seen; evidence):")
+    for c in h["checks"]:
+        seen = ", ".join(f"{k}={v}" for k, v in sorted(c["versions"].items()))
+        lines.append(f"  {_ts(c['at'])}  {'passed' if c['passed'] else 'FAILED':<7} {c['op_id']}  [{seen}]"
+                     + (f"  {c['reason']}" if c["reason"] else ""))
+    return "\n".join(lines)
+
+
+def _ts(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
+
+
+def _ago(s: float) -> str:
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.0f}h"
+    return f"{s / 86400:.0f}d"

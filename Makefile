@@ -18,10 +18,10 @@ deps:  ## the Debian packages the tests need: installed if missing (as root), el
 demo: $(STAMP)  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: exit when done)
 	$(BIN)/railyard demo
 
-test: deps $(STAMP)  ## every tier, the slow end-to-end one included
+test: deps $(STAMP) lint  ## lint, then every tier, the slow end-to-end one included
 	$(BIN)/pytest -q
 
-test-fast: deps $(STAMP)  ## everything but the end-to-end tier
+test-fast: deps $(STAMP) lint  ## lint, then everything but the end-to-end tier
 	$(BIN)/pytest -q -m "not e2e"
 
 test-e2e: deps $(STAMP)
@@ -34,15 +34,12 @@ faults: deps $(STAMP)  ## the fault suite at the issue's full counts, with its s
 bench: $(STAMP)  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff everywhere, mypy --strict on the core (include/railyard; settings in pyproject.toml)
 	$(BIN)/ruff check include plugins dags tests bench
+	$(BIN)/mypy
 
-stop:  ## stop what `make demo` started
-	@if [ -f .railyard/demo/pids ]; then \
-	  demo=$$(head -1 .railyard/demo/pids); kill -TERM $$demo 2>/dev/null || true; \
-	  for i in $$(seq 60); do kill -0 $$demo 2>/dev/null || break; sleep 1; done; \
-	  for pid in $$(tail -n +2 .railyard/demo/pids); do kill -TERM -- -$$pid 2>/dev/null || true; done; \
-	  rm -f .railyard/demo/pids; echo stopped; else echo "nothing to stop"; fi
+stop:  ## stop every `make demo` on this machine and all it started (found by a marker, whatever its home)
+	@if [ -x $(BIN)/railyard ]; then $(BIN)/railyard demo --stop; else echo "nothing to stop"; fi
 
 clean: stop
 	rm -rf .railyard

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from railyard.config import ConfigError, config_path, load_config
-from railyard.fleet.port import FleetError
+from railyard.config import ConfigError, RailyardConfig, config_path, load_config
+from railyard.fleet.port import Fleet, FleetError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
+def _fleet(args: argparse.Namespace, cfg: RailyardConfig) -> Fleet:
     """The config's fleet: `http` at --fleet-url, RAILYARD_FLEET_URL or the simulator's port; `ssh` and
     `slurm` from the config, nodes reached with fleet.ssh's user, key_file and known_hosts."""
     import os
@@ -74,6 +74,8 @@ def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
         from railyard.ssh.runner import Credentials, paramiko_connector
 
         ssh = cfg.fleet.ssh
+        if ssh is None:  # refused by validation; kept for the type checker
+            raise FleetError("fleet.ssh: required when fleet.backend is 'ssh'")
         missing = [n for n in ("user", "key_file", "known_hosts") if not getattr(ssh, n)]
         if missing:
             raise FleetError(f"fleet.ssh: {', '.join(missing)} not set; the CLI reaches the hosts with them")
@@ -84,6 +86,15 @@ def _fleet(args: argparse.Namespace, cfg):  # noqa: ANN001, ANN202
     url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
         or f"http://127.0.0.1:{cfg.simulator.port}"
     return HttpFleet(url, token=env_token(), retries=1, connect_timeout=2)
+
+
+def unreadable_fleet(cmd: str, cfg: RailyardConfig, exc: Exception) -> str:
+    """One line: which fleet could not be read, why, and what would make it readable."""
+    hint = ""
+    if cfg.fleet.backend == "http":
+        hint = ("; start the simulator (`railyard sim serve`) or name the fleet API (--fleet-url or "
+                "RAILYARD_FLEET_URL)")
+    return f"{cmd}: the fleet ({cfg.fleet.backend}) cannot be read: {exc}{hint}"
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -138,7 +149,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
     except FleetError as exc:
-        print(f"plan: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        print(unreadable_fleet("plan", cfg, exc), file=sys.stderr)
         return 4
     print(json.dumps(p, indent=1) if args.json else describe_plan(p))
     return 3 if p["violations"] else 0
@@ -159,7 +170,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
         fleet = _fleet(args, cfg)
         d = drift(cfg, fleet.hosts(), fleet.now())
     except FleetError as exc:
-        print(f"drift: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        print(unreadable_fleet("drift", cfg, exc), file=sys.stderr)
         return 4
     print(json.dumps(d, indent=1) if args.json else describe_drift(d))
     if args.png:
@@ -224,7 +235,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
         print(f"lease release: {exc}", file=sys.stderr)
         return 2
     except FleetError as exc:
-        print(f"lease release: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        print(unreadable_fleet("lease release", cfg, exc), file=sys.stderr)
         return 4
     print(f"{out['op']}: released {len(out['released'])} host(s)"
           + (f"; sent to repair: {', '.join(out['to_repair'])}" if out["to_repair"] else ""))
@@ -248,7 +259,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         print(f"reconcile: {exc}", file=sys.stderr)
         return 4
     except FleetError as exc:
-        print(f"reconcile: the fleet ({cfg.fleet.backend}) cannot be read: {exc}", file=sys.stderr)
+        print(unreadable_fleet("reconcile", cfg, exc), file=sys.stderr)
         return 4
     for r in out:
         extra = (f": returned {r['returned']}, to repair {', '.join(r['to_repair']) or 'none'}" if r["action"] == "closed"
@@ -261,8 +272,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from railyard.demo import main as demo_main
+    from railyard.demo import stop_demos
 
-    return demo_main(once=args.once)
+    return stop_demos() if args.stop else demo_main(once=args.once)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
 
     d = sub.add_parser("demo", help="run the demo train on Airflow against the simulator")
     d.add_argument("--once", action="store_true", help="exit after the train ends (as RAILYARD_DEMO_ONCE=1)")
+    d.add_argument("--stop", action="store_true", help="stop every demo on this machine and all it started "
+                   "(`make stop`), whatever its RAILYARD_DEMO_HOME")
     d.set_defaults(func=cmd_demo)
 
     args = p.parse_args(argv)

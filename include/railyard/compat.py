@@ -17,7 +17,9 @@ A condition is `COMPONENT [OP VERSION]` (OP one of == != >= <= > <); a bare comp
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from railyard.models import check_token
 
@@ -25,7 +27,7 @@ OPS = ("==", "!=", ">=", "<=", ">", "<")
 _SPLIT = re.compile(r"[.\-_+]")
 
 
-def version_key(v: str) -> tuple:
+def version_key(v: str) -> tuple[Any, ...]:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _SPLIT.split(v))
 
 
@@ -34,7 +36,7 @@ def compare(a: str, b: str) -> int:
     return (ka > kb) - (ka < kb)
 
 
-def newest(versions) -> str | None:  # noqa: ANN001
+def newest(versions: Iterable[str]) -> str | None:
     vs = list(versions)
     return max(vs, key=version_key) if vs else None
 

@@ -20,7 +20,7 @@ from railyard.compat import Rule, parse_rule
 from railyard.models import Strict, Token, check_token
 from railyard.recipes import CommandTemplate
 from railyard.slurm.config import SlurmSpec
-from railyard.ssh.spec import SshSpec, ssh_problems
+from railyard.ssh.spec import SshSpec
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "railyard.yaml"
 
@@ -122,7 +122,8 @@ class DomainSpec(Strict):
         return v
 
 
-DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+DAYS: tuple[Day, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _HHMM_RE = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$|^24:00$")
 
 
@@ -140,7 +141,7 @@ class WindowSpec(Strict):
     An `end` at or before `start` closes the next day (a night window, e.g. 22:00-04:00).
     """
 
-    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] = Field(default_factory=lambda: list(DAYS))
+    days: list[Day] = Field(default_factory=lambda: list(DAYS))
     start: str = "00:00"
     end: str = "24:00"
     timezone: str = "UTC"
@@ -513,6 +514,61 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
+
+
+# ---- the SSH section's checks that need the whole config (ssh/spec.py never imports this module) ----
+def uses_ssh_runner(cfg: RailyardConfig) -> bool:
+    """Hosts are upgraded and checked over SSH: backend ssh, or backend slurm with `runner: ssh` (its default)."""
+    backend = getattr(cfg.fleet, "backend", "http")
+    if backend == "ssh":
+        return True
+    slurm = getattr(cfg.fleet, "slurm", None)
+    return backend == "slurm" and (slurm is None or slurm.runner == "ssh")
+
+
+def ssh_problems(cfg: RailyardConfig) -> list[str]:
+    """Checks of the SSH section that need the whole config (domains, components, SKUs)."""
+    fleet = cfg.fleet
+    if not uses_ssh_runner(cfg):
+        return []
+    backend = fleet.backend
+    ssh = fleet.ssh
+    if ssh is None:
+        if backend == "slurm":
+            return ["fleet.ssh: required when fleet.backend is 'slurm' with fleet.slurm.runner 'ssh' (the default): "
+                    "credentials, checks and reboot_command for the nodes (or write runner: standin, for tests only)"]
+        return ["fleet.ssh: required when fleet.backend is 'ssh'"]
+    problems: list[str] = []
+    owner = cfg.host_domain()
+    if backend == "ssh":
+        for i, d in enumerate(cfg.domains):
+            for j, h in enumerate(d.hosts):
+                if h not in ssh.hosts:
+                    problems.append(f"domains[{i}].hosts[{j}]: host {h!r} has no entry in fleet.ssh.hosts")
+    elif ssh.hosts:
+        problems.append("fleet.ssh.hosts: with backend slurm, node addresses are in fleet.slurm.ssh_hosts "
+                        "(or fleet.slurm.ssh_address, or each node's NodeAddr)")
+    for h in ssh.hosts:
+        if h not in owner:
+            problems.append(f"fleet.ssh.hosts.{h}: host {h!r} is in no domain")
+    released = {r.component for r in cfg.releases}
+    for i, c in enumerate(cfg.components):
+        if c.name in released and getattr(c, "install", None) is None:
+            problems.append(f"components[{i}].install: required for the {backend} backend (component {c.name!r})")
+        if c.name in released and getattr(c, "verify", None) is None:
+            problems.append(f"components[{i}].verify: required for the {backend} backend (component {c.name!r})")
+        if c.reboot and ssh.reboot_command is None:
+            problems.append(f"components[{i}].reboot: component {c.name!r} needs a reboot, but "
+                            "fleet.ssh.reboot_command is not set (a reboot is never assumed)")
+    comps = {c.name for c in cfg.components}
+    dc = ssh.checks.driver_component
+    if "gpu_inventory" in ssh.checks.run and dc is not None and dc not in comps:
+        problems.append(f"fleet.ssh.checks.driver_component: unknown component {dc!r}")
+    if "nccl" in ssh.checks.run:
+        for sku in sorted({d.sku for d in cfg.domains}):
+            if sku not in ssh.checks.nccl_min_busbw_gbps:
+                problems.append(f"fleet.ssh.checks.nccl_min_busbw_gbps: no floor for SKU {sku!r}")
+    return problems
 
 
 def parse_config(data: Any, source: str = "<config>") -> RailyardConfig:

@@ -14,17 +14,19 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from railyard.config import RailyardConfig, TrainSpec
 from railyard.fleet.http import HttpFleet
-from railyard.models import BROKEN_STATES, HostState
-from railyard.stack import ROOT, Stack
-from railyard.stop import pending_steps
+from railyard.models import BROKEN_STATES, Host, HostState
+from railyard.planning import pending_steps
+from railyard.stack import ROOT, Stack, running, session_of, start_ticks, stop_session
 
 TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
 
 
 def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, train_id: str, t0: float,
-                  memo: dict | None = None) -> str:
+                  memo: dict[str, Any] | None = None) -> str:
     cfg = stack.config
     train = cfg.train(train_id)
     domains = cfg.train_domains(train)
@@ -43,25 +45,34 @@ def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, trai
         memo["at"] = (current, step)
     elif memo.get("at") and done < len(domains):
         current, step = memo["at"]
-    hosts = fleet.hosts()
+    everyone = fleet.hosts()
+    hosts = train_hosts(cfg, train, everyone)  # upgraded: of the train's own hosts; serving: of the whole fleet
     targets = cfg.train_targets(train)
     upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
-    serving = sum(1 for h in hosts if h.state == HostState.SERVING)
+    serving = sum(1 for h in everyone if h.state == HostState.SERVING)
     where = f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current else f"{done}/{len(domains)} domains done"
     return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} upgraded {upgraded}/{len(hosts)}  "
-            f"serving {serving}/{len(hosts)} ({serving / len(hosts):.0%})")
+            f"serving {serving}/{len(everyone)} ({serving / max(1, len(everyone)):.0%})")
 
 
-def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: float) -> dict:
+def train_hosts(cfg: RailyardConfig, train: TrainSpec, hosts: list[Host]) -> list[Host]:
+    """The hosts of the train's own domains: what its summary counts (a fleet may hold more)."""
+    mine = {h for d in cfg.train_domains(train) for h in d.hosts}
+    return [h for h in hosts if h.name in mine]
+
+
+def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: float) -> dict[str, Any]:
     cfg = stack.config
     train = cfg.train(train_id)
     audit = fleet.audit()
-    hosts = fleet.hosts()
+    everyone = fleet.hosts()
+    hosts = train_hosts(cfg, train, everyone)
     targets = cfg.train_targets(train)
     return {
         "train": train_id,
         "state": state,
         "hosts": len(hosts),
+        "fleet_hosts": len(everyone),
         "domains": len(cfg.train_domains(train)),
         "upgraded": sum(1 for h in hosts if not pending_steps(targets, h) and h.state == HostState.SERVING),
         "offboarded": sum(1 for h in hosts if h.state in BROKEN_STATES),
@@ -78,7 +89,8 @@ def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: flo
     }
 
 
-def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600) -> dict:
+def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600
+              ) -> dict[str, Any]:
     """Trigger one train, follow it to the end, and return the summary."""
     from railyard.stack import StackError  # noqa: F401  (re-exported for callers)
 
@@ -87,7 +99,7 @@ def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = Fa
     t0 = time.monotonic()
     run_id = stack.trigger(dag_id)
     last = ""
-    memo: dict = {}
+    memo: dict[str, Any] = {}
 
     def poll() -> None:
         nonlocal last
@@ -114,21 +126,18 @@ def main(once: bool = False) -> int:
               "simulator (fleet.backend http). Run this config's train from Airflow: its DAG is "
               f"railyard_train_<id>; `railyard plan TRAIN` and `railyard drift` read that fleet.", file=sys.stderr)
         return 2
-    train_id = stack.config.trains[0].id  # the first train of the config, as written
-    (home / "pids").parent.mkdir(parents=True, exist_ok=True)
-
-    def on_signal(signum, _frame):  # noqa: ANN001
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
+    train_id = first_train(stack.config)
+    home.mkdir(parents=True, exist_ok=True)
+    # every process this demo starts inherits the marker: `railyard demo --stop` finds them by it
+    os.environ[DEMO_MARKER] = f"{os.getpid()}:{start_ticks(os.getpid())}"
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     try:
         print(f"railyard demo: config {stack.config_file}", flush=True)
         print(f"starting the fleet simulator on {stack.fleet_url} ...", flush=True)
         fleet = stack.start_sim()
         print(f"starting airflow standalone on {stack.api} (about 30 s) ...", flush=True)
         stack.start_airflow()
-        # `make stop`: TERM to this process (it stops what it started), then to the groups it started
-        (home / "pids").write_text(f"{os.getpid()}\n{stack.airflow.pid}\n{stack.sim.pid}\n")  # type: ignore[union-attr]
         stack.ensure_pool()
         print(f"UI: {stack.api}  login: admin / {stack.password}", flush=True)
         print(f"triggering train {train_id!r} ...", flush=True)
@@ -148,11 +157,89 @@ def main(once: bool = False) -> int:
                 time.sleep(3600)
     except KeyboardInterrupt:
         print("stopping ...", file=sys.stderr, flush=True)
-        stack.stop()
-        return 130
-    except Exception:
-        stack.stop()
+        shutdown(stack)
+        return 128 + _SIGNALLED[0]
+    except BaseException:
+        shutdown(stack)
         raise
-    stack.stop()
+    shutdown(stack)
     print(json.dumps(result), flush=True)
     return 0 if result["state"] == "success" else 1
+
+
+def first_train(cfg: RailyardConfig) -> str:
+    """The train the demo runs: the config's first, as written."""
+    return cfg.trains[0].id
+
+
+# ---- stopping: everything, once, whatever signals arrive ----------------------------------------------------
+DEMO_MARKER = "RAILYARD_DEMO_RUN"  # `<pid>:<start ticks>` of the demo, in the environment of all it starts
+_SIGNALLED: list[int] = [int(signal.SIGINT)]
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    """The first SIGTERM or SIGINT ends the demo. `timeout make demo` signals make and the demo both, and make
+    passes its own on: later signals must not cut the shutdown short, so from now on they are only noted."""
+    _SIGNALLED[0] = signum
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _while_stopping)
+    raise KeyboardInterrupt
+
+
+def _while_stopping(_signum: int, _frame: object) -> None:
+    os.write(2, b"railyard demo: still stopping what it started (Airflow takes ~15 s)\n")
+
+
+def shutdown(stack: Stack) -> None:
+    """Stop the simulator and Airflow, then anything else that carries this demo's marker."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _while_stopping)
+    try:
+        stack.stop()
+    finally:
+        mark = os.environ.get(DEMO_MARKER)
+        if mark:
+            for sid in marked_sessions().get(mark, set()):
+                stop_session(sid, grace=10)
+
+
+def marked_sessions() -> dict[str, set[int]]:
+    """marker -> the sessions of the live processes that carry it: what each demo on this machine started."""
+    key = f"{DEMO_MARKER}=".encode()
+    own = os.getsid(0)
+    found: dict[str, set[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{d}/environ").read_bytes()
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(key):
+                st = session_of(int(d))
+                if st is not None and st != own:
+                    found.setdefault(item[len(key):].decode(errors="replace"), set()).add(st)
+    return found
+
+
+def stop_demos(grace: float = 60) -> int:
+    """`railyard demo --stop` (`make stop`): every demo on this machine, whatever its RAILYARD_DEMO_HOME.
+    A demo that still runs is asked first (SIGTERM: it stops what it started); what is left after `grace`,
+    or what a demo that died left behind, is stopped by session (SIGTERM, then SIGKILL)."""
+    demos = marked_sessions()
+    if not demos:
+        print("nothing to stop")
+        return 0
+    for mark, sessions in sorted(demos.items()):
+        pid_s, _, ticks = mark.partition(":")
+        pid = int(pid_s) if pid_s.isdigit() else 0
+        if pid and ticks.isdigit() and running(pid, int(ticks)):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while running(pid, int(ticks)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        killed = [p for sid in sorted(sessions) for p in stop_session(sid, grace=15)]
+        print(f"stopped demo {pid_s}" + (f" (SIGKILL to {len(killed)} process(es) that outlived SIGTERM)"
+                                         if killed else ""))
+    return 0

@@ -17,7 +17,8 @@ from railyard.config import ConfigError, RailyardConfig, TrainSpec
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Strict, Token
-from railyard.stop import Stop, pending_steps, stop_estimate_s
+from railyard.planning import pending_steps, stop_estimate_s
+from railyard.stop import Stop
 
 
 class EmergencyError(ConfigError):
@@ -101,7 +102,7 @@ def plan(config: RailyardConfig, fleet: Fleet, req: EmergencyRequest) -> dict[st
         if owner[h] not in req.domains:
             scopes.setdefault(owner[h], []).append(h)
     live = {h.name: h for h in fleet.hosts()}
-    stops = []
+    stops: list[dict[str, Any]] = []
     for domain, hosts in scopes.items():
         work = {h: [s.model_dump() for s in pending_steps(targets, live[h])] for h in sorted(hosts)
                 if live[h].state not in BROKEN_STATES}

@@ -15,16 +15,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from railyard.compat import Rule, apply_order, newest, parse_rule, version_key
 from railyard.config import RailyardConfig, ReleaseSpec, TrainSpec
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
-
-if TYPE_CHECKING:
-    from railyard.stop import Stop
+from railyard.planning import budget_for, pending_steps, stop_estimate_s
 
 PHASES = ("canary", "staged", "fleet")
 
@@ -116,7 +114,7 @@ class Rollout:
         assert ro is not None
         adm = self.admitted(rid, st.phase)
         in_phase = [h for h in hosts if adm is None or h.name in adm]
-        results: dict[str, dict] = {}
+        results: dict[str, dict[str, Any]] = {}
         for row in self.ledger.release_results(rid):
             if row["at"] >= st.promoted_at and (adm is None or row["host"] in adm):
                 results[row["host"]] = row  # the last outcome per host
@@ -292,59 +290,11 @@ def check_plan(config: RailyardConfig, train: TrainSpec, hosts: list[Host], roll
     return violation_messages(found)
 
 
-# ---- what a Stop calls ------------------------------------------------------------------------------
-def stop_host_targets(stop: Stop) -> dict[str, dict[str, str]]:
-    """host -> targets for a train stop, frozen in the operation once it holds the domain, so every
-    step and retry of the stop sees the same targets. {} = the train's targets for every host."""
-    cfg = stop.config
-    led = stop.ledger
-    if not shaped(cfg):
-        return {}
-    detail = led.detail(stop.op_id) if led.operation(stop.op_id) is not None else None
-    if detail is not None and "host_targets" in detail:
-        return detail["host_targets"]
-    if stop.op_id.startswith("repair/"):
-        t = (detail or {}).get("targets")
-        return {h: t for h in stop.domain.hosts} if isinstance(t, dict) else {}
-    rollout = Rollout(cfg, led)
-    for msg in rollout.refresh(stop.fleet.hosts(), stop.fleet.now()):
-        stop.say(msg)
-    for rid in stop.train.releases:
-        st = rollout.state(rid)
-        if st.halted:
-            stop.say(f"{stop.domain.name}: release {rid} is halted, not applied ({st.reason})")
-    targets: dict[str, dict[str, str]] = {}
-    rels: dict[str, list[str]] = {}
-    for h in stop.domain.hosts:
-        targets[h], rels[h] = visit_targets(cfg, stop.train.releases, h, rollout.admits)
-    if detail is not None and led.holdings(stop.op_id):
-        targets = led.set_detail_once(stop.op_id, "host_targets", targets)  # type: ignore[assignment]
-        led.set_detail_once(stop.op_id, "host_releases", rels)
-    return targets
-
-
-def record_outcome(stop: Stop, host: str, passed: bool, reason: str) -> None:
-    """Count a host's verdict for each release its visit applied (a failed install: the named one)."""
-    if not phased(stop.config) or stop.op_id.startswith("repair/"):
-        return
-    rels = (stop.ledger.detail(stop.op_id).get("host_releases") or {}).get(host) or []
-    by_id = {r.id: r for r in stop.config.releases}
-    blamed = rels
-    if not passed:
-        named = [r for r in rels if f"{by_id[r].component} {by_id[r].version}" in reason]
-        blamed = named or rels
-    now = stop.fleet.now()
-    for rid in blamed:
-        stop.ledger.record_release_result(rid, host, stop.op_id, passed, reason, now)
-
-
 # ---- plan preview ----------------------------------------------------------------------------------
 def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
     """What the next run of `train` would do, read-only: stops in order, hosts and releases per host,
     estimate, jobs asked to checkpoint, the lowest serving capacity and the floor, and any rule a step
     of the rollout would break (then the run is refused before it touches a host)."""
-    from railyard.stop import budget_for, pending_steps, stop_estimate_s
-
     rollout = Rollout(config, ledger)
     hosts = fleet.hosts()
     now = fleet.now()
@@ -375,7 +325,7 @@ def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: L
             "domain": d.name, "skip": False, "sku": d.sku, "hosts": len(d.hosts), "hosts_to_upgrade": len(work),
             "releases": {k: sorted(v) for k, v in groups.items()},
             "jobs_to_checkpoint": jobs,
-            "estimate_s": round(stop_estimate_s(config, lambda h, t=targets: t[h.name], workable), 1),
+            "estimate_s": round(stop_estimate_s(config, lambda h, t=targets: t[h.name], workable), 1),  # type: ignore[misc]
         })
     lowest = 1.0
     floor = {}

@@ -39,7 +39,7 @@ def frozen_targets(config: RailyardConfig, op: dict[str, Any]) -> dict[str, str]
 
 
 def gate_repaired(config: RailyardConfig, fleet: Fleet, ledger: Ledger, *, say: Callable[[str], None] = print,
-                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
+                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     returned: list[str] = []
     failed: list[str] = []
     waiting: list[str] = []

@@ -21,8 +21,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import requests
 
@@ -31,6 +33,7 @@ from railyard.fleet.http import HttpFleet
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+T = TypeVar("T")
 
 
 class StackError(RuntimeError):
@@ -43,7 +46,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(what: str, timeout: float, probe, proc: subprocess.Popen | None = None, log: Path | None = None):
+def _wait(what: str, timeout: float, probe: Callable[[], T | None], proc: subprocess.Popen[bytes] | None = None,
+          log: Path | None = None) -> T:
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -60,22 +64,86 @@ def _wait(what: str, timeout: float, probe, proc: subprocess.Popen | None = None
     raise StackError(f"{what} not ready within {timeout:.0f}s (last error: {last_exc})")
 
 
-def _stop_group(proc: subprocess.Popen | None, grace: float = 30) -> None:
-    if proc is None or proc.poll() is not None:
-        return
+# ---- processes: what a session started, found through /proc ----------------------------------------------
+def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
+    """(state, ppid, process group, session, start time in clock ticks) of a process, None when it is gone."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:  # children that outlived the leader
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(5)
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    f = raw[raw.rindex(")") + 2:].split()
+    return f[0], int(f[1]), int(f[2]), int(f[3]), int(f[19])
+
+
+def start_ticks(pid: int) -> int | None:
+    """When a process started (clock ticks since boot): with its pid, a name no later process can take."""
+    st = _stat(pid)
+    return None if st is None else st[4]
+
+
+def running(pid: int, ticks: int | None = None) -> bool:
+    """The process runs (a zombie does not), and is the one that started at `ticks` when given."""
+    st = _stat(pid)
+    return st is not None and st[0] != "Z" and (ticks is None or st[4] == ticks)
+
+
+def session_of(pid: int) -> int | None:
+    """The session of a running process."""
+    st = _stat(pid)
+    return None if st is None or st[0] == "Z" else st[3]
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes (zombies left out) of session `sid`: whatever its leader started, in any process group
+    (Airflow puts each task process in a group of its own), orphans included; never this process."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            st = _stat(int(d))
+            if st is not None and st[3] == sid and st[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_session(sid: int, grace: float = 30, leader: subprocess.Popen[bytes] | None = None) -> list[int]:
+    """Stop everything in session `sid` (a process started with `start_new_session`, and all it started):
+    SIGTERM to all of it, up to `grace` seconds to exit, then SIGKILL to what is left (Airflow's orphaned
+    LocalExecutor workers ignore SIGTERM). Works when the leader is already gone. Returns the pids that
+    needed SIGKILL."""
+    members = session_members(sid)
+    _signal_all(members, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while members and time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()  # reap it, or it stays a member (a zombie) of the session
+        time.sleep(0.2)
+        members = session_members(sid)
+    killed = list(members)
+    while members and time.monotonic() < deadline + 10:
+        _signal_all(members, signal.SIGKILL)
+        if leader is not None:
+            leader.poll()
+        time.sleep(0.1)
+        members = session_members(sid)
+    if leader is not None and leader.poll() is None:
+        leader.wait(5)
+    if members:
+        raise StackError(f"session {sid}: still running after SIGKILL: {members}")
+    return killed
+
+
+def _stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 30) -> None:
+    """Stop a process started with `start_new_session` and everything it started (see `stop_session`)."""
+    if proc is not None:
+        stop_session(proc.pid, grace, leader=proc)
 
 
 @dataclass
@@ -88,9 +156,10 @@ class Stack:
     sim_port: int | None = None
     fast_scheduler: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
-    sim: subprocess.Popen | None = None
-    airflow: subprocess.Popen | None = None
-    extra: list[subprocess.Popen] = field(default_factory=list)  # components restarted by hand
+    sim: subprocess.Popen[bytes] | None = None
+    airflow: subprocess.Popen[bytes] | None = None
+    extra: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components restarted by hand
+    orphans: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, start) of a killed scheduler's children
     fleet_token: str | None = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     def __post_init__(self) -> None:
@@ -113,13 +182,13 @@ class Stack:
     def token_file(self) -> Path:
         return self.home / "sim.token"
 
-    def fleet(self, **kw) -> HttpFleet:  # noqa: ANN003
+    def fleet(self, **kw: Any) -> HttpFleet:
         """An HttpFleet on this stack's simulator, with its token."""
         return HttpFleet(self.fleet_url, token=self.fleet_token, **kw)
 
-    def fleet_connection(self) -> dict:
+    def fleet_connection(self) -> dict[str, Any]:
         """The Airflow connection of the fleet (as AIRFLOW_CONN_<id> JSON): the token is its password."""
-        conn: dict = {"conn_type": "http", "host": "127.0.0.1", "port": self.sim_port, "schema": "http"}
+        conn: dict[str, Any] = {"conn_type": "http", "host": "127.0.0.1", "port": self.sim_port, "schema": "http"}
         if self.fleet_token:
             conn |= {"password": self.fleet_token, "extra": {"auth": "bearer"}}
         return conn
@@ -206,7 +275,9 @@ class Stack:
         _wait("airflow admin password", 30, lambda: self.password)
 
     def kill_scheduler(self) -> int:
-        """SIGKILL the running scheduler (standalone's child, or one started by `restart_scheduler`)."""
+        """SIGKILL the running scheduler (standalone's child, or one started by `restart_scheduler`).
+        Its LocalExecutor workers live on as orphans (they ignore SIGTERM), as they would on a real machine;
+        they are remembered, and `end_orphans` (or `stop`) ends them."""
         import psutil
 
         roots = [p for p in [self.airflow, *self.extra] if p is not None and p.poll() is None]
@@ -217,9 +288,29 @@ class Stack:
                 except psutil.Error:
                     continue
                 if len(cmd) >= 2 and cmd[-1] == "scheduler" and "airflow" in " ".join(cmd[:-1]):
+                    children = proc.children(recursive=True)
                     proc.kill()
-                    return proc.pid
+                    self.orphans += [(c.pid, start_ticks(c.pid)) for c in children]
+                    return int(proc.pid)
         raise StackError("no running scheduler found")
+
+    def end_orphans(self, grace: float = 5) -> list[int]:
+        """End what killed schedulers left behind: SIGTERM, then SIGKILL after `grace`. Returns the pids ended.
+        Their running tasks are done by the time a test calls this (its run has ended)."""
+        live = [pid for pid, start in self.orphans if start is not None and start_ticks(pid) == start
+                and (_stat(pid) or ("Z",))[0] != "Z"]
+        self.orphans.clear()
+        _signal_all(live, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        left = live
+        while left and time.monotonic() < deadline + 10:
+            if time.monotonic() >= deadline:
+                _signal_all(left, signal.SIGKILL)
+            time.sleep(0.1)
+            left = [pid for pid in left if (_stat(pid) or ("Z",))[0] != "Z"]
+        if left:
+            raise StackError(f"orphaned scheduler children still running after SIGKILL: {left}")
+        return live
 
     def restart_scheduler(self) -> None:
         """Start a new `airflow scheduler` beside standalone's other components (same environment)."""
@@ -229,11 +320,13 @@ class Stack:
                                            cwd=str(self.home)))
 
     def stop_airflow(self) -> None:
+        """Every Airflow process this stack started, and all they started (orphans of a killed scheduler too)."""
         for p in self.extra:
             _stop_group(p, grace=10)
         self.extra.clear()
         _stop_group(self.airflow)
         self.airflow = None
+        self.end_orphans(grace=0)
 
     def stop(self) -> None:
         self.stop_airflow()
@@ -254,9 +347,10 @@ class Stack:
                           timeout=10)
         if r.status_code not in (200, 201):
             raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
-        return r.json()["access_token"]
+        return str(r.json()["access_token"])
 
-    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0, **kw) -> dict:
+    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0,
+             **kw: Any) -> dict[str, Any]:
         if self._token is None:
             self._token = self.token()
         r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
@@ -285,7 +379,7 @@ class Stack:
 
         _wait(f"DAG {dag_id} parsed", timeout, present, self.airflow, self.home / "airflow.log")
 
-    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         """Trigger a run with an id of our own, so that a retry after a transient 5xx (SQLite busy)
         cannot start a second run: the retry either creates it or finds it (409)."""
         self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
@@ -308,7 +402,7 @@ class Stack:
         tis = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
         return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
 
-    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll=None) -> str:
+    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll: Callable[[], None] | None = None) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.run_state(dag_id, run_id)

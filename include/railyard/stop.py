@@ -12,12 +12,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from railyard import releases, windows
-from railyard.config import DomainSpec, RailyardConfig, TrainSpec
+from railyard.config import DomainSpec, RailyardConfig, TimeoutsSpec, TrainSpec
 from railyard.fleet.port import Fleet
-from railyard.ledger import Budget, Decision, Ledger
-from railyard.models import BROKEN_STATES, Host, HostState, Step
+from railyard.ledger import Decision, Ledger
+from railyard.models import BROKEN_STATES, Host, HostState, Job
+from railyard.planning import budget_for, pending_steps, pool_hosts, stop_estimate_s
 
 log = logging.getLogger("railyard.stop")
 TEND_EVERY_S = 5.0  # how often a waiting step relaunches its own detached work that is not running
@@ -31,47 +33,55 @@ def op_id_for(train_id: str, run_id: str, domain: str) -> str:
     return f"{train_id}/{run_id}/{domain}"
 
 
-def pool_hosts(config: RailyardConfig, sku: str) -> list[str]:
-    """The capacity pool: every host of one SKU."""
-    return [h for d in config.domains if d.sku == sku for h in d.hosts]
-
-
-def budget_for(config: RailyardConfig, sku: str | None = None) -> Budget:
-    """The buffers of one SKU's pool, in hosts (the whole fleet when it has one SKU)."""
-    skus = {d.sku for d in config.domains}
-    sku = sku if sku is not None else next(iter(skus)) if len(skus) == 1 else None
-    if sku is None:
-        raise ValueError("a fleet with several SKUs has one budget per SKU: name the SKU")
-    total = len(pool_hosts(config, sku))
-    spec = config.buffers.for_sku(sku)
-    return Budget(
-        total_hosts=total,
-        maintenance_hosts=spec.maintenance.host_count(total),
-        failure_hosts=spec.failure.host_count(total),
-        max_domains_down=config.max_domains_down,
-    )
-
-
-def stop_estimate_s(config: RailyardConfig, targets: dict[str, str] | Callable[[Host], dict[str, str]],
-                    hosts: list[Host]) -> float:
-    """Fleet seconds a stop should take: checkpoint, drain, the installs it needs, reboot, check, return.
-    `targets` is one mapping for every host, or a function of the host (per-host rollout phases)."""
-    e = config.estimates
-    needed = {s.component for h in hosts for s in pending_steps(targets(h) if callable(targets) else targets, h)}
-    comps = [config.component(c) for c in needed]
-    installs = sum(c.duration_s for c in comps)
-    reboot = e.reboot_s if any(c.reboot for c in comps) else 0.0
-    return e.checkpoint_s + e.drain_s + installs + reboot + e.check_s + e.return_s
-
-
 def run_prefix(op_id: str) -> str:
     """`train/run_id/` of an operation id: what all stops of one run share."""
     return op_id.rsplit("/", 1)[0] + "/"
 
 
-def pending_steps(targets: dict[str, str], host: Host) -> list[Step]:
-    """What this host still needs, in the train's order."""
-    return [Step(component=c, version=v) for c, v in targets.items() if host.versions.get(c) != v]
+# ---- a stop's targets and the release outcomes it records (the rollout itself is in releases.py) ----
+def stop_host_targets(stop: Stop) -> dict[str, dict[str, str]]:
+    """host -> targets for a train stop, frozen in the operation once it holds the domain, so every
+    step and retry of the stop sees the same targets. {} = the train's targets for every host."""
+    cfg = stop.config
+    led = stop.ledger
+    if not releases.shaped(cfg):
+        return {}
+    detail = led.detail(stop.op_id) if led.operation(stop.op_id) is not None else None
+    if detail is not None and "host_targets" in detail:
+        return dict(detail["host_targets"])
+    if stop.op_id.startswith("repair/"):
+        t = (detail or {}).get("targets")
+        return {h: t for h in stop.domain.hosts} if isinstance(t, dict) else {}
+    rollout = releases.Rollout(cfg, led)
+    for msg in rollout.refresh(stop.fleet.hosts(), stop.fleet.now()):
+        stop.say(msg)
+    for rid in stop.train.releases:
+        st = rollout.state(rid)
+        if st.halted:
+            stop.say(f"{stop.domain.name}: release {rid} is halted, not applied ({st.reason})")
+    targets: dict[str, dict[str, str]] = {}
+    rels: dict[str, list[str]] = {}
+    for h in stop.domain.hosts:
+        targets[h], rels[h] = releases.visit_targets(cfg, stop.train.releases, h, rollout.admits)
+    if detail is not None and led.holdings(stop.op_id):
+        targets = led.set_detail_once(stop.op_id, "host_targets", targets)  # type: ignore[assignment]
+        led.set_detail_once(stop.op_id, "host_releases", rels)
+    return targets
+
+
+def record_outcome(stop: Stop, host: str, passed: bool, reason: str) -> None:
+    """Count a host's verdict for each release its visit applied (a failed install: the named one)."""
+    if not releases.phased(stop.config) or stop.op_id.startswith("repair/"):
+        return
+    rels = (stop.ledger.detail(stop.op_id).get("host_releases") or {}).get(host) or []
+    by_id = {r.id: r for r in stop.config.releases}
+    blamed = rels
+    if not passed:
+        named = [r for r in rels if f"{by_id[r].component} {by_id[r].version}" in reason]
+        blamed = named or rels
+    now = stop.fleet.now()
+    for rid in blamed:
+        stop.ledger.record_release_result(rid, host, stop.op_id, passed, reason, now)
 
 
 @dataclass
@@ -93,7 +103,7 @@ class Stop:
     domains_at_once: int = 1  # an emergency with large_scale may take more domains together
     closing: bool = False  # its run is gone (railyard.reconcile): finish safely, start no new install
     fixed_targets: dict[str, str] | None = None  # a repair's gate: the targets frozen when the host went out
-    _host_targets: dict | None = field(default=None, init=False, repr=False)
+    _host_targets: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     @property
     def hosts(self) -> list[str]:
@@ -111,11 +121,11 @@ class Stop:
         if self.kind != "train_stop":
             return self.targets
         if self._host_targets is None:  # computed once per Stop; frozen in the ledger once the domain is held
-            self._host_targets = releases.stop_host_targets(self)
+            self._host_targets = stop_host_targets(self)
         return self._host_targets.get(host, self.targets)
 
     @property
-    def timeouts(self):  # noqa: ANN201
+    def timeouts(self) -> TimeoutsSpec:
         return self.config.timeouts
 
     def held(self) -> list[str]:
@@ -253,7 +263,7 @@ class Stop:
         dodgers = [j for j in self.fleet.jobs(list(self.domain.hosts)) if j.dodge_until and j.dodge_until > now]
         if not dodgers:
             return None
-        until = max(j.dodge_until for j in dodgers)  # type: ignore[type-var]
+        until = max(j.dodge_until or 0.0 for j in dodgers)
         names = [j.id for j in dodgers]
         dodged = self.ledger.operations_like(run_prefix(self.op_id), state="dodged")
         if until - now > self.train.max_dodge_s:
@@ -283,7 +293,7 @@ class Stop:
             self.ledger.note(self.op_id, "checkpoint_requested", held, f"jobs: {', '.join(j.id for j in jobs) or 'none'}")
         return [j.id for j in jobs], float(recorded)  # type: ignore[arg-type]
 
-    def _skip_checkpoints(self, jobs) -> float:  # noqa: ANN001
+    def _skip_checkpoints(self, jobs: list[Job]) -> float:
         """Someone chose to drain without fresh checkpoints: record who pays, and how much."""
         if "checkpoint_skipped" not in self.ledger.detail(self.op_id):
             now = self.fleet.now()
@@ -344,7 +354,7 @@ class Stop:
         return list(done)
 
     # ---- 3. drain ------------------------------------------------------------------------------
-    def drain(self) -> dict:
+    def drain(self) -> dict[str, Any]:
         held = self._require_lease()
         hosts = {h.name: h for h in self.fleet.hosts(held)}
         to_drain = [n for n, h in hosts.items() if h.state == HostState.SERVING]
@@ -361,7 +371,7 @@ class Stop:
         return {"drained": len(to_drain)}
 
     # ---- 4. upgrade ----------------------------------------------------------------------------
-    def upgrade(self) -> dict:
+    def upgrade(self) -> dict[str, Any]:
         held = self._require_lease()
         # hosts taken over from another operation may still be installing or checking for it
         self._wait("in-flight work", self.timeouts.upgrade_s, lambda: (
@@ -394,7 +404,7 @@ class Stop:
         return {"upgraded": len(upgraded), "offboarded": offboarded}
 
     # ---- 5. health check -----------------------------------------------------------------------
-    def check(self, hosts: list[str] | None = None) -> dict:
+    def check(self, hosts: list[str] | None = None) -> dict[str, Any]:
         """Deep health check of the drained hosts; failures go to repair with the evidence."""
         held = self._require_lease()
         names = hosts if hosts is not None else held
@@ -428,7 +438,7 @@ class Stop:
                 ok, reason = False, f"versions break the rule {broken[0].text!r}: {seen}"
             self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason if ok else reason)
             if want == self.targets_for(r.host):  # a check at versions no release brought is no release outcome
-                releases.record_outcome(self, r.host, ok, reason)
+                record_outcome(self, r.host, ok, reason)
             if not ok:
                 self.offboard(r.host, f"health check failed: {reason}")
                 failed.append(r.host)
@@ -462,7 +472,7 @@ class Stop:
         return all(host.versions.get(c) == ver == seen.get(c) for c, ver in self.expected(host).items())
 
     # ---- 6. return ----------------------------------------------------------------------------
-    def return_hosts(self) -> dict:
+    def return_hosts(self) -> dict[str, Any]:
         """Return verified hosts, gate the rest, then release the lease. Runs whatever failed before.
 
         No host goes back without a passing check at the target versions: one that was never
@@ -543,7 +553,7 @@ class Stop:
         carries its evidence, and comes back only through the health gate."""
         self.fleet.offboard(host, reason, self.op_id)
         self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
-        releases.record_outcome(self, host, False, reason)
+        record_outcome(self, host, False, reason)
         self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
         if self.op_id.startswith("repair/"):
             return  # a repair whose gate failed keeps the host

@@ -161,16 +161,16 @@ class HttpFleet:
     # ---- beyond the protocol -------------------------------------------------------------------
     def audit(self) -> dict[str, Any]:
         """The simulator's audit: max_domains_out, lost work, unverified returns, installs, stops..."""
-        return self._call("GET", "/v1/audit")
+        return dict(self._call("GET", "/v1/audit"))
 
     def samples(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/audit/samples")
+        return list(self._call("GET", "/v1/audit/samples"))
 
     def settings(self, **rates: float) -> dict[str, float]:
         """Change fault rates (host_failure_per_hour, upgrade_fail_rate, check_fail_rate); none = read."""
         if not rates:
-            return self._call("GET", "/v1/settings")
-        return self._call("PATCH", "/v1/settings", body=rates)
+            return dict(self._call("GET", "/v1/settings"))
+        return dict(self._call("PATCH", "/v1/settings", body=rates))
 
     def set_job(self, job_id: str, **fields: Any) -> Job:
         """A job's own requests (dodge_until, clear_dodge) or, for fault tests, stuck=True."""

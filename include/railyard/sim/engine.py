@@ -191,7 +191,7 @@ def _locked(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concaten
             finally:
                 self._settle()
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]  # functools.wraps types it as _Wrapped, a callable of this shape
 
 
 class SimEngine:

@@ -49,7 +49,6 @@ class StandinSpec(Strict):
     speed: float = Field(default=1.0, gt=0, description="component duration_s is divided by this")
     check_s: float = Field(default=2.0, ge=0)
     initial_versions: dict[Token, Token] = Field(default_factory=dict)
-    fail_checks: list[Token] = Field(default_factory=list, description="nodes whose checks fail (tests)")
 
 
 class DomainRuleSpec(Strict):

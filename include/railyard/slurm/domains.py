@@ -8,13 +8,14 @@ with it.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from railyard.models import check_token
 from railyard.slurm import parse
 from railyard.slurm.config import DomainRuleSpec
 
 
-def derive_domains(nodes: list[dict], rule: DomainRuleSpec) -> dict[str, list[str]]:
+def derive_domains(nodes: list[dict[str, Any]], rule: DomainRuleSpec) -> dict[str, list[str]]:
     """{domain: sorted node names} from `sinfo --json` node records; nodes that match nothing are left out."""
     out: dict[str, list[str]] = {}
     for n in nodes:

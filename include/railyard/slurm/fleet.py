@@ -75,7 +75,7 @@ def standin_runner(config: RailyardConfig, spec: SlurmSpec, store: Store) -> Hos
     log.warning(STANDIN_WARNING)
     durations = {c.name: c.duration_s / st.speed for c in config.components}
     return StandinRunner(store, durations=durations, check_s=st.check_s,
-                         initial_versions=st.initial_versions, fail_checks=st.fail_checks)
+                         initial_versions=st.initial_versions)
 
 
 def fleet_from_config(config: RailyardConfig, connect: Any = None) -> SlurmFleet:
@@ -148,13 +148,13 @@ class SlurmFleet:
     def reason_for(self, op: str) -> str:
         return f"{self.prefix} op={op_token(op)}"
 
-    def _is_ours(self, node: dict, op: str | None = None) -> bool:
+    def _is_ours(self, node: dict[str, Any], op: str | None = None) -> bool:
         reason = parse.node_reason(node)
         if op is not None:
             return reason == self.reason_for(op)
         return re.fullmatch(rf"{re.escape(self.prefix)} op=\S+", reason) is not None
 
-    def _record(self, host: str) -> dict | None:
+    def _record(self, host: str) -> dict[str, Any] | None:
         return self.store.get(NODE, host)
 
     def _set_record(self, host: str, **data: Any) -> None:
@@ -176,7 +176,7 @@ class SlurmFleet:
         return list(hosts)
 
     # ---- reads (no Slurm write command below, until "writes") ------------------------------------
-    def _nodes(self) -> dict[str, dict]:
+    def _nodes(self) -> dict[str, dict[str, Any]]:
         """Node records; while a restarted slurmctld still reports nodes `unknown` (they have not
         registered again yet), wait for them rather than call them broken."""
         deadline = time.monotonic() + self.spec.controller_wait_s
@@ -191,11 +191,11 @@ class SlurmFleet:
             log.info("slurmctld is recovering: nodes not registered yet; waiting")
             time.sleep(1.0)
 
-    def _sinfo(self) -> list[dict]:
+    def _sinfo(self) -> list[dict[str, Any]]:
         """One record per node, from the layout of any Slurm version (23.02+ groups nodes in rows)."""
         return parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
 
-    def _squeue(self) -> list[dict]:
+    def _squeue(self) -> list[dict[str, Any]]:
         return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
 
     def reservations(self) -> dict[str, dict[str, str]]:
@@ -222,7 +222,7 @@ class SlurmFleet:
                 out[n] = exc
         return out
 
-    def _features_versions(self, node: dict | None) -> dict[str, str]:
+    def _features_versions(self, node: dict[str, Any] | None) -> dict[str, str]:
         """What Railyard last verified on the node: its `component=version` features."""
         comps = {c.name for c in self.config.components}
         out: dict[str, str] = {}
@@ -232,7 +232,7 @@ class SlurmFleet:
                 out[c] = v
         return out
 
-    def _held_view(self, name: str, node: dict | None) -> dict[str, Any]:
+    def _held_view(self, name: str, node: dict[str, Any] | None) -> dict[str, Any]:
         """Versions and upgrade state of a node this run holds (live from the host)."""
         rec = self._record(name) or {}
         op = rec.get("op")
@@ -243,7 +243,7 @@ class SlurmFleet:
             view["busy"] = busy(name, op) if busy is not None else None
         return view
 
-    def _views(self, names: list[str], nodes: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    def _views(self, names: list[str], nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per node: its versions (and, when held, its upgrade state), read on the hosts side by side."""
         now = time.monotonic()
         ttl = self.config.fleet.ssh.versions_ttl_s if self.config.fleet.ssh else 0.0
@@ -254,7 +254,7 @@ class SlurmFleet:
         got = self._fan(ask, lambda n: self._held_view(n, nodes.get(n)))
         out: dict[str, dict[str, Any]] = {n: {"versions": v[1]} for n, v in cached.items()}
         for n in ask:
-            r = got.get(n)
+            r: Any = got.get(n)
             if isinstance(r, BaseException):
                 out[n] = {"versions": self._features_versions(nodes.get(n)), "error": r}
             else:
@@ -263,7 +263,7 @@ class SlurmFleet:
                     self._versions_cache[n] = (now, r["versions"])
         return out
 
-    def _host(self, name: str, node: dict | None, view: dict[str, Any]) -> Host:
+    def _host(self, name: str, node: dict[str, Any] | None, view: dict[str, Any]) -> Host:
         domain = self.domain_of[name]
         versions = view.get("versions") or {}
         if node is None:
@@ -310,7 +310,7 @@ class SlurmFleet:
                         **extra)
         return Host(name=name, domain=domain, state=HostState.SERVING, versions=versions, **extra)
 
-    def _report_foreign(self, name: str, node: dict) -> None:
+    def _report_foreign(self, name: str, node: dict[str, Any]) -> None:
         """Once per node and reason in this process: a drain that is not Railyard's is logged, left alone."""
         reason = parse.node_reason(node)
         if (name, reason) in self._reported:
@@ -327,7 +327,7 @@ class SlurmFleet:
         views = self._views(wanted, nodes)
         return [self._host(n, nodes.get(n), views[n]) for n in wanted]
 
-    def _job(self, j: dict, gpus_of: dict[str, int]) -> Job:
+    def _job(self, j: dict[str, Any], gpus_of: dict[str, int]) -> Job:
         jid = parse.job_id(j)
         state = parse.job_state(j)
         kind = "running" if state in _RUNNING_JOB else "pending" if state in _PENDING_JOB else "done"
@@ -358,10 +358,10 @@ class SlurmFleet:
     def _note(self, kind: str, **data: Any) -> None:
         self.store.note(kind, **data)
 
-    def notes(self, kind: str | None = None) -> list[dict]:
+    def notes(self, kind: str | None = None) -> list[dict[str, Any]]:
         return self.store.notes(kind)
 
-    def losses(self) -> list[dict]:
+    def losses(self) -> list[dict[str, Any]]:
         return self.notes("checkpoint_loss")
 
     def capacity(self) -> Capacity:
@@ -375,7 +375,7 @@ class SlurmFleet:
                         by_state=by_state, domains_out=out)
 
     # ---- writes: every Slurm change below goes through self.cli.run and is recorded there --------
-    def enforce_gate(self) -> dict[str, dict]:
+    def enforce_gate(self) -> dict[str, dict[str, Any]]:
         """Nodes Railyard holds that Slurm put back by itself are drained again; nodes and reservations
         it already gave back that a restarted controller brought back are given back again. Returns the
         nodes as they are afterwards."""
@@ -439,7 +439,8 @@ class SlurmFleet:
                 self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", scope, jid)
         return at
 
-    def _clear_checkpoint_requests(self, *, jobs: set[str] = frozenset(), nodes: set[str] = frozenset()) -> None:
+    def _clear_checkpoint_requests(self, *, jobs: frozenset[str] | set[str] = frozenset(),
+                                   nodes: frozenset[str] | set[str] = frozenset()) -> None:
         """A stop's requests end with its drain or its return: a later read never acts on them again."""
         for jid, rec in self.store.all(CKPT).items():
             if jid in jobs or set(rec.get("nodes") or []) & nodes:
@@ -543,7 +544,7 @@ class SlurmFleet:
             self._note("requeue", job=jid, op=op, nodes=take)
         self._clear_checkpoint_requests(jobs=set(victims), nodes=set(take))
 
-    def _require_ours(self, host: str, op: str) -> dict:
+    def _require_ours(self, host: str, op: str) -> dict[str, Any]:
         node = self.enforce_gate().get(host)
         if node is None or not self._is_ours(node, op):
             raise FleetError(f"{host} is not drained by {op} (reason: {parse.node_reason(node) if node else 'unknown node'!r})")
@@ -578,7 +579,7 @@ class SlurmFleet:
         return [r if isinstance(r, CheckResult) else CheckResult(host=h, status="pending", reason=f"unreachable: {r}")
                 for h, r in got.items()]
 
-    def publish_features(self, versions: dict[str, dict[str, str]], nodes: dict[str, dict]) -> None:
+    def publish_features(self, versions: dict[str, dict[str, str]], nodes: dict[str, dict[str, Any]]) -> None:
         """Write the verified versions as node features, keeping features that are not Railyard's."""
         comps = {c.name for c in self.config.components}
         for h, found in versions.items():

@@ -39,12 +39,11 @@ def _alive(cur: dict[str, Any] | None) -> bool:
 
 class StandinRunner:
     def __init__(self, store: Store, *, durations: dict[str, float], check_s: float = 2.0,
-                 initial_versions: dict[str, str] | None = None, fail_checks: list[str] | None = None):
+                 initial_versions: dict[str, str] | None = None):
         self.store = store
         self.durations = dict(durations)
         self.check_s = check_s
         self.initial = dict(initial_versions or {})
-        self.fail_checks = set(fail_checks or [])
 
     @staticmethod
     def _key(kind: str, host: str, op: str) -> str:
@@ -82,7 +81,7 @@ class StandinRunner:
         for c, v in expected.items():
             check_token(c), check_token(v)
         self._spawn(key, {"kind": "check", "host": host, "status": "pending", "expected": expected,
-                          "check_s": self.check_s, "fail": host in self.fail_checks})
+                          "check_s": self.check_s})
 
     def check_result(self, host: str, op: str) -> CheckResult:
         cur = self.store.get(WORK, self._key("check", host, op))
@@ -143,9 +142,7 @@ def _work(url: str, key: str) -> None:
     _sleep(store, key, float(st["check_s"]))
     found = versions()
     wrong = {c: found.get(c) for c, v in st["expected"].items() if found.get(c) != v}
-    if st.get("fail"):
-        status, reason = "failed", "stand-in check: injected failure (dcgmi diag -r 3: GPU 2 XID 79)"
-    elif wrong:
+    if wrong:
         status, reason = "failed", f"versions not at target: {wrong}"
     else:
         status, reason = "passed", None

@@ -157,7 +157,7 @@ class SshFleet:
             self._record_check(c, r["name"], r["operation"], CheckResult(
                 host=r["name"], status="failed", reason=f"health check lost: host not answering ({exc})"), [])
 
-    def _poll_upgrade(self, r: Row) -> dict | None:
+    def _poll_upgrade(self, r: Row) -> dict[str, Any] | None:
         name, op = r["name"], r["operation"]
         st = self.runner.upgrade_state(name, op)
         if st.status == "running":
@@ -166,7 +166,7 @@ class SshFleet:
             return None
         return {"status": st.status, "error": st.error, "versions": self.runner.versions(name)}
 
-    def _poll_check(self, r: Row) -> dict | None:
+    def _poll_check(self, r: Row) -> dict[str, Any] | None:
         name, op = r["name"], r["operation"]
         expected = json.loads(r["expected"] or "{}")
         v = self.runner.verdicts(name, expected, op)
@@ -176,14 +176,14 @@ class SshFleet:
         return {"result": result_of(name, verdicts, versions), "verdicts": [x.model_dump() for x in verdicts]}
 
     @staticmethod
-    def _put_check(c: Connection, op: str, host: str, res: CheckResult, verdicts: list) -> None:
+    def _put_check(c: Connection, op: str, host: str, res: CheckResult, verdicts: list[Any]) -> None:
         vals = dict(status=res.status, reason=res.reason, versions=json.dumps(res.versions),
                     verdicts=json.dumps(verdicts), at=time.time())
         n = c.execute(update(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host == host).values(**vals)).rowcount
         if not n:
             c.execute(insert(ssh_checks).values(op=op, host=host, **vals))
 
-    def _record_check(self, c: Connection, host: str, op: str, res: CheckResult, verdicts: list) -> None:
+    def _record_check(self, c: Connection, host: str, op: str, res: CheckResult, verdicts: list[Any]) -> None:
         self._put_check(c, op, host, res, verdicts)
         self._set(c, host, "check " + res.status, state=HostState.DRAINED)
 
@@ -294,7 +294,7 @@ class SshFleet:
         self.hosts(list(hosts))  # polls the checks in flight
         return [self._check_row(op, h) or CheckResult(host=h, status="pending") for h in hosts]
 
-    def check_evidence(self, host: str, op: str) -> list[dict]:
+    def check_evidence(self, host: str, op: str) -> list[dict[str, Any]]:
         """The structured verdicts of the deep check (each with its evidence)."""
         with self.store.read() as c:
             row = c.execute(select(ssh_checks.c.verdicts).where(ssh_checks.c.op == op, ssh_checks.c.host == host)
@@ -340,7 +340,7 @@ class SshFleet:
                         by_state=by_state, domains_out=sorted(out))
 
     # ---- audit -----------------------------------------------------------------------------------
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         with self.store.read() as c:
             return [dict(r) for r in c.execute(select(fleet_events).where(fleet_events.c.host.in_(list(self.domain_of)))
                                                .order_by(fleet_events.c.id)).mappings()]

@@ -183,7 +183,7 @@ class SshRunner:
         with self._locks_lock:
             return self._locks.setdefault(host, threading.Lock())
 
-    def _check_steps(self, steps: Iterable[Step | dict]) -> list[Step]:
+    def _check_steps(self, steps: Iterable[Step | dict[str, Any]]) -> list[Step]:
         out = []
         for s in steps:
             step = s if isinstance(s, Step) else Step.model_validate(s)
@@ -515,7 +515,9 @@ class SshRunner:
         if first != "finished":
             return {"state": first or "none"}
         results: dict[str, tuple[str, int]] = {}
-        cur, buf, code = None, [], 0
+        cur: str | None = None
+        buf: list[str] = []
+        code = 0
         lines = out.split("\n")[1:]
         expected: dict[str, str] = {}
         if lines and lines[0].startswith("expected "):
@@ -543,7 +545,7 @@ class SshRunner:
         t = self.target(host)
         raw = self.check_outputs(host, op)
         if raw is None or raw["state"] != "finished":
-            return (raw or {}).get("state", "none")
+            return str((raw or {}).get("state", "none"))
         expected = dict(expected) if expected else raw["expected"]
         versions = self.versions(host)
         out: list[Verdict] = []

@@ -1,21 +1,19 @@
 """Config models of the SSH backend: where the hosts are, how to reach them, which checks to run.
 
 They live here (not in `config.py`) so the SSH adapter can be read on its own; `config.py` embeds
-`SshSpec` as `fleet.ssh` and calls `ssh_problems` for the checks that need the whole config.
+`SshSpec` as `fleet.ssh` and checks what needs the whole config itself (`ssh_problems`): this module
+never imports the config.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
 from railyard.models import Strict, Token
 from railyard.recipes import CommandTemplate
-
-if TYPE_CHECKING:
-    from railyard.config import RailyardConfig
 
 _ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _IPV6_RE = re.compile(r"^[0-9A-Fa-f:]{2,39}$")
@@ -39,8 +37,8 @@ def check_abs_path(value: str) -> str:
 Address = Annotated[str, AfterValidator(check_address)]
 AbsPath = Annotated[str, AfterValidator(check_abs_path)]
 
-CHECKS = ("gpu_inventory", "dcgm", "nccl", "xid", "versions")
 CheckName = Literal["gpu_inventory", "dcgm", "nccl", "xid", "versions"]
+CHECKS: tuple[CheckName, ...] = ("gpu_inventory", "dcgm", "nccl", "xid", "versions")
 
 # XIDs that mean the GPU or its link is broken until a reset or a repair (NVIDIA's XID catalog).
 FATAL_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
@@ -96,57 +94,3 @@ class SshSpec(Strict):
     def host_work_dir(self, host: str) -> str:
         h = self.hosts[host]
         return h.work_dir or self.work_dir
-
-
-def uses_ssh_runner(cfg: RailyardConfig) -> bool:
-    """Hosts are upgraded and checked over SSH: backend ssh, or backend slurm with `runner: ssh` (its default)."""
-    backend = getattr(cfg.fleet, "backend", "http")
-    if backend == "ssh":
-        return True
-    slurm = getattr(cfg.fleet, "slurm", None)
-    return backend == "slurm" and (slurm is None or slurm.runner == "ssh")
-
-
-def ssh_problems(cfg: RailyardConfig) -> list[str]:
-    """Checks of the SSH section that need the whole config (domains, components, SKUs)."""
-    fleet = cfg.fleet
-    if not uses_ssh_runner(cfg):
-        return []
-    backend = fleet.backend
-    ssh = fleet.ssh
-    if ssh is None:
-        if backend == "slurm":
-            return ["fleet.ssh: required when fleet.backend is 'slurm' with fleet.slurm.runner 'ssh' (the default): "
-                    "credentials, checks and reboot_command for the nodes (or write runner: standin, for tests only)"]
-        return ["fleet.ssh: required when fleet.backend is 'ssh'"]
-    problems: list[str] = []
-    owner = cfg.host_domain()
-    if backend == "ssh":
-        for i, d in enumerate(cfg.domains):
-            for j, h in enumerate(d.hosts):
-                if h not in ssh.hosts:
-                    problems.append(f"domains[{i}].hosts[{j}]: host {h!r} has no entry in fleet.ssh.hosts")
-    elif ssh.hosts:
-        problems.append("fleet.ssh.hosts: with backend slurm, node addresses are in fleet.slurm.ssh_hosts "
-                        "(or fleet.slurm.ssh_address, or each node's NodeAddr)")
-    for h in ssh.hosts:
-        if h not in owner:
-            problems.append(f"fleet.ssh.hosts.{h}: host {h!r} is in no domain")
-    released = {r.component for r in cfg.releases}
-    for i, c in enumerate(cfg.components):
-        if c.name in released and getattr(c, "install", None) is None:
-            problems.append(f"components[{i}].install: required for the {backend} backend (component {c.name!r})")
-        if c.name in released and getattr(c, "verify", None) is None:
-            problems.append(f"components[{i}].verify: required for the {backend} backend (component {c.name!r})")
-        if c.reboot and ssh.reboot_command is None:
-            problems.append(f"components[{i}].reboot: component {c.name!r} needs a reboot, but "
-                            "fleet.ssh.reboot_command is not set (a reboot is never assumed)")
-    comps = {c.name for c in cfg.components}
-    dc = ssh.checks.driver_component
-    if "gpu_inventory" in ssh.checks.run and dc is not None and dc not in comps:
-        problems.append(f"fleet.ssh.checks.driver_component: unknown component {dc!r}")
-    if "nccl" in ssh.checks.run:
-        for sku in sorted({d.sku for d in cfg.domains}):
-            if sku not in ssh.checks.nccl_min_busbw_gbps:
-                problems.append(f"fleet.ssh.checks.nccl_min_busbw_gbps: no floor for SKU {sku!r}")
-    return problems

@@ -6,7 +6,6 @@ re-attach to what is in flight instead of starting it again.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -34,7 +33,6 @@ class DomainStopOperator(StopTaskMixin, BaseOperator):
         self.config_path = config_path
 
     def execute(self, context: Any) -> Any:
-        self.log.info("railyard task pid %d", os.getpid())  # fault tests find the process by it
         stop = self.stop_for(context)
         try:
             result = self.run(stop)

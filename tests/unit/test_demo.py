@@ -1,0 +1,34 @@
+"""`make demo` runs the first train of the config, as written, and its summary counts that train's own hosts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from railyard.config import parse_config
+from railyard.demo import first_train, summary
+from railyard.sim.engine import SimEngine
+from tests.support.configs import small_config
+
+
+def two_trains() -> dict:
+    """Three domains of 4 hosts; the first train (as written) visits only pod-b, the second every domain."""
+    return small_config(trains=[
+        {"id": "zeta", "releases": ["kernel-6-1-28"], "domains": ["pod-b"]},
+        {"id": "alpha", "releases": ["driver-570"]},
+    ])
+
+
+def test_the_demo_runs_the_first_train_as_written_not_the_alphabetically_first() -> None:
+    assert first_train(parse_config(two_trains())) == "zeta"
+
+
+def test_the_summary_counts_the_trains_own_hosts() -> None:
+    cfg = parse_config(two_trains())
+    fleet = SimEngine(cfg, None, clock=lambda: 1000.0)
+    fleet.offboard("gpu-a01", "broken before the run", "test")  # in pod-a: not the first train's business
+    s = summary(SimpleNamespace(config=cfg), fleet, "zeta", "success", 10.0)  # type: ignore[arg-type]
+    assert (s["hosts"], s["fleet_hosts"], s["domains"]) == (4, 12, 1)
+    assert s["offboarded"] == 0 and s["offboard_reasons"] == {}
+    assert s["upgraded"] == 0  # nothing ran: the kernel is not at the target on pod-b's hosts
+    every = summary(SimpleNamespace(config=cfg), fleet, "alpha", "success", 10.0)  # type: ignore[arg-type]
+    assert (every["hosts"], every["offboarded"]) == (12, 1)

@@ -18,15 +18,32 @@ from typing import Any
 
 from railyard.config import RailyardConfig, TrainSpec
 from railyard.fleet.http import HttpFleet
+from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
 from railyard.planning import pending_steps
+from railyard.reconcile import AirflowApi, dag_id_for, owner_of, reconcile
 from railyard.stack import ROOT, Stack, running, session_of, start_ticks, stop_session
 
 TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
 
 
+def demo_ledger(stack: Stack) -> Ledger:
+    """The ledger the demo's tasks use (RAILYARD_HOME is the demo's home)."""
+    return Ledger(stack.config.ledger.url or f"sqlite:///{stack.home / 'ledger.db'}")
+
+
+def waiting_for(ledger: Ledger, domain: str, step: str) -> str:
+    """What a stop's wait is waiting for, and who holds it: the part of the progress line after the step."""
+    if step == "wait_capacity":
+        out = {d: op for d, op in ledger.domains_out().items() if d != domain}
+        return f" (capacity: {', '.join(f'{d} held by {op}' for d, op in sorted(out.items()))})" if out else ""
+    if step == "wait_checkpoints":
+        return " (jobs checkpointing)"
+    return ""
+
+
 def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, train_id: str, t0: float,
-                  memo: dict[str, Any] | None = None) -> str:
+                  memo: dict[str, Any] | None = None, ledger: Ledger | None = None) -> str:
     cfg = stack.config
     train = cfg.train(train_id)
     domains = cfg.train_domains(train)
@@ -51,8 +68,9 @@ def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, trai
     upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
     serving = sum(1 for h in everyone if h.state == HostState.SERVING)
     where = f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current else f"{done}/{len(domains)} domains done"
+    wait = waiting_for(ledger, current, step) if ledger is not None and current else ""
     return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} upgraded {upgraded}/{len(hosts)}  "
-            f"serving {serving}/{len(everyone)} ({serving / max(1, len(everyone)):.0%})")
+            f"serving {serving}/{len(everyone)} ({serving / max(1, len(everyone)):.0%}){wait}")
 
 
 def train_hosts(cfg: RailyardConfig, train: TrainSpec, hosts: list[Host]) -> list[Host]:
@@ -89,12 +107,12 @@ def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: flo
     }
 
 
-def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600
-              ) -> dict[str, Any]:
+def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600,
+              ledger: Ledger | None = None) -> dict[str, Any]:
     """Trigger one train, follow it to the end, and return the summary."""
     from railyard.stack import StackError  # noqa: F401  (re-exported for callers)
 
-    dag_id = f"railyard_train_{train_id}"
+    dag_id = dag_id_for(train_id)
     stack.wait_dag(dag_id)
     t0 = time.monotonic()
     run_id = stack.trigger(dag_id)
@@ -105,7 +123,7 @@ def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = Fa
         nonlocal last
         if quiet:
             return
-        line = progress_line(stack, fleet, dag_id, run_id, train_id, t0, memo)
+        line = progress_line(stack, fleet, dag_id, run_id, train_id, t0, memo, ledger)
         if line.split("]", 1)[1] != last:
             print(line, flush=True)
             last = line.split("]", 1)[1]
@@ -134,14 +152,32 @@ def main(once: bool = False) -> int:
         signal.signal(sig, _on_signal)
     try:
         print(f"railyard demo: config {stack.config_file}", flush=True)
-        print(f"starting the fleet simulator on {stack.fleet_url} ...", flush=True)
-        fleet = stack.start_sim()
+        # The fleet and the ledger go together: both kept when a demo before this one was cut short with
+        # work in flight (it is finished first, below), else both fresh.
+        before = demo_ledger(stack)
+        left = [o for o in before.active_operations() if o["hosts"] and owner_of(o) is not None]
+        before.engine.dispose()
+        if not (home / "sim.db").exists():
+            left = []
+        if not left:
+            for f in ("ledger.db", "ledger.db-wal", "ledger.db-shm"):
+                (home / f).unlink(missing_ok=True)
+        print(f"starting the fleet simulator on {stack.fleet_url}"
+              + (f" (kept: {len(left)} operation(s) of an earlier demo still hold hosts)" if left else "") + " ...",
+              flush=True)
+        fleet = stack.start_sim(fresh=not left)
         print(f"starting airflow standalone on {stack.api} (about 30 s) ...", flush=True)
         stack.start_airflow()
         stack.ensure_pool()
         print(f"UI: {stack.api}  login: admin / {stack.password}", flush=True)
+        led = demo_ledger(stack)
+        if left:  # their runs died with the Airflow before this one: finish their stops safely first
+            stack.wait_dag(dag_id_for(train_id))
+            for r in reconcile(stack.config, fleet, led, AirflowApi(stack.api, token=stack.token()),
+                               say=lambda m: print(f"  {m}", flush=True)):
+                print(f"  {r['op']}: {r['action']} ({r['why']})", flush=True)
         print(f"triggering train {train_id!r} ...", flush=True)
-        result = run_train(stack, fleet, train_id)
+        result = run_train(stack, fleet, train_id, ledger=led)
         print(
             f"train {train_id} {result['state']}: {result['upgraded']}/{result['hosts']} hosts upgraded, "
             f"{result['offboarded']} offboarded, max {result['max_domains_down']} domain(s) down, lowest serving "

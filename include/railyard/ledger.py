@@ -237,8 +237,12 @@ class Ledger:
         actor: str = "railyard",
         kind: str = "train_stop",
         take_over_from: Iterable[str] = (),
+        probe: bool = False,
     ) -> Decision:
         """Lease every host of `domain` to `op_id`, or say why not.
+
+        `probe`: decide, but lease nothing: "free" instead of "granted" (the operation keeps its place
+        among the waiters). A trigger probes; only the task it resumes takes the lease.
 
         Waiting operations of a higher priority (emergencies) go first: a lower one waits while
         one of them is waiting. Hosts held by an operation in `take_over_from` (an emergency over a
@@ -269,6 +273,8 @@ class Ledger:
                 return self._wait(c, op_id, prio, now, f"yielding to {v.ahead[0]}, waiting since {v.ahead[1]:.0f}",
                                   waiting=v.waiting)
             handed = {h: rows[h][0] for h in want if h in rows and rows[h][0] in takeover}
+            if handed and probe:
+                return self._free(c, op_id, prio, now, domain, v.waiting)
             if handed:
                 moved = sorted(handed)
                 c.execute(update(leases).where(leases.c.host.in_(moved)).values(op_id=op_id, kind=kind, since=now))
@@ -318,9 +324,17 @@ class Ledger:
                     return Decision("stop", reason)
                 return self._wait(c, op_id, prio, now, reason, waiting=v.waiting)
 
+            if probe:
+                return self._free(c, op_id, prio, now, domain, v.waiting)
             _write_grant(c, v, op_id=op_id, kind=kind, train=train, domain=domain, now=now, taking=taking,
                          actor=actor)
             return Decision("granted", f"{op_id} took {domain} ({len(taking)} hosts)")
+
+    @classmethod
+    def _free(cls, c: Connection, op_id: str, priority: int, now: float, domain: str, waiting: bool) -> Decision:
+        """A probe that would be granted: keep the operation's place in line, lease nothing."""
+        cls._wait(c, op_id, priority, now, "", waiting=waiting)
+        return Decision("free", f"{domain} can be taken now")
 
     @staticmethod
     def _wait(c: Connection, op_id: str, priority: int, now: float, reason: str, *,

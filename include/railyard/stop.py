@@ -165,17 +165,18 @@ class Stop:
             self.sleep(self.timeouts.poll_s)
 
     # ---- 1. capacity ---------------------------------------------------------------------------
-    def take(self) -> Decision:
+    def take(self, probe: bool = False) -> Decision:
         """Lease the domain when freezes, windows, dodges and the buffers all allow it.
 
         Outcomes: granted; skip (nothing to do); dodge (postponed to a revisit at the end of the run);
         wait (with the reason and, for windows, when the next one opens); stop (the train must halt).
+        `probe` (a trigger's poll): lease nothing; "free" when the lease would be granted now.
         """
         if self.held():
             return Decision("granted", f"{self.op_id} already holds {self.domain.name}")
         now = self.fleet.now()
         if self.kind == "emergency":
-            return self._take_emergency()
+            return self._take_emergency(probe)
         switch = self.ledger.switch("freeze")
         if switch is not None:
             return Decision("wait", f"freeze switched on by {switch['actor']}: {switch['reason']}")
@@ -185,9 +186,10 @@ class Stop:
         mine = [h for h in fleet_hosts if h.domain == self.domain.name]
         workable = [h for h in mine if h.state not in BROKEN_STATES]
         if not any(pending_steps(self.targets_for(h.name), h) for h in workable):
-            self.ledger.record_visit(self.train.id, self.domain.name, now, self.op_id)
+            if not probe:
+                self.ledger.record_visit(self.train.id, self.domain.name, now, self.op_id)
             return Decision("skip", f"every host of {self.domain.name} is already at target")
-        dodge = self._dodge(now)
+        dodge = self._dodge(now, probe)
         if dodge is not None:
             return dodge
         if self.config.compatibility.rules:
@@ -207,14 +209,14 @@ class Stop:
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=list(self.domain.hosts),
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
-            unavailable=unavailable, actor=self.actor,
+            unavailable=unavailable, actor=self.actor, probe=probe,
         )
         if d.granted and releases.shaped(self.config):
             self._host_targets = None
             self.targets_for(self.domain.hosts[0])  # freeze what each host gets, before it is touched
         return d
 
-    def _take_emergency(self) -> Decision:
+    def _take_emergency(self, probe: bool = False) -> Decision:
         """An emergency ignores windows, freezes and dodges (its reason is on record), waits ahead of
         every train, and takes over hosts a train's stop already has out instead of waiting for them."""
         fleet_hosts = {h.name: h for h in self.fleet.hosts()}
@@ -233,7 +235,7 @@ class Stop:
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=self.hosts, kind="emergency",
             budget=budget, pool_hosts=pool_hosts(self.config, self.domain.sku),
-            unavailable=unavailable, actor=self.actor, take_over_from=trains,
+            unavailable=unavailable, actor=self.actor, take_over_from=trains, probe=probe,
         )
         if d.granted and trains:
             done: list[tuple[list[str], str]] = []
@@ -252,8 +254,9 @@ class Stop:
             self.say(f"{self.domain.name}: {d.reason}")
         return d
 
-    def _dodge(self, now: float) -> Decision | None:
-        """A job on the domain asked to be left alone until a deadline: postpone, within bounds."""
+    def _dodge(self, now: float, probe: bool = False) -> Decision | None:
+        """A job on the domain asked to be left alone until a deadline: postpone, within bounds.
+        A `probe` says so and records nothing (the task it wakes records the dodge or its refusal)."""
         if self.revisit:
             op = self.ledger.operation(self.op_id)
             until = float(self.ledger.detail(self.op_id).get("dodge_until", 0)) if op else 0.0
@@ -271,9 +274,13 @@ class Stop:
         elif len(dodged) >= self.train.max_dodges:
             why = f"this run already postponed max_dodges={self.train.max_dodges} domain(s)"
         else:
+            if probe:
+                return Decision("dodge", f"{', '.join(names)} ask to dodge {self.domain.name}")
             self.ledger.record_dodge(self.op_id, train=self.train.id, domain=self.domain.name, until=until, jobs=names)
             return Decision("dodge", f"{', '.join(names)} dodge {self.domain.name} until {windows.iso(until)}: "
                                      "visited again at the end of the run")
+        if probe:
+            return None
         self.ledger.note(self.op_id, "dodge_refused", [], f"{', '.join(names)} asked until {windows.iso(until)}: {why}")
         self.say(f"{self.domain.name}: dodge by {', '.join(names)} refused ({why})")
         return None

@@ -43,7 +43,7 @@ def kwargs(stack, cfg, ledger_url, domain, run_id, **kw):
                 ledger_url=ledger_url, config_path=str(cfg), poll_interval=0.1, **kw)
 
 
-def test_capacity_trigger_waits_then_grants(live):
+def test_capacity_trigger_waits_then_wakes_the_task_without_leasing(live):
     stack, fleet, cfg, url = live
     led = Ledger(url)
     conf = stack.config
@@ -55,8 +55,9 @@ def test_capacity_trigger_waits_then_grants(live):
     holder.return_hosts()  # releases the lease
     trig = BufferCapacityTrigger(**kwargs(stack, cfg, url, "pod-b", "r1", deadline=time.time() + 30))
     ev = first_event(trig)
-    assert ev["status"] == "granted", ev
-    assert set(led.domains_out()) == {"pod-b"}
+    assert ev["status"] == "free" and ev["deadline"] == trig.kw["deadline"], ev
+    assert led.domains_out() == {}  # only the task it wakes takes the lease: a cleared task leaves none
+    assert [w["op_id"] for w in led.waiting()] == ["demo/r1/pod-b"]  # it kept its place in line
     # it serialises to primitives only and round-trips
     path, kw = trig.serialize()
     assert path == "railyard_airflow.triggers.stop.BufferCapacityTrigger"
@@ -109,7 +110,7 @@ def test_a_trigger_serialised_by_the_old_version_still_loads(live):
     del kw["fleet_conn_id"]
     trig = BufferCapacityTrigger(**kw, fleet_url=stack.fleet_url)
     assert "fleet_url" not in trig.serialize()[1]
-    assert first_event(trig)["status"] == "granted"
+    assert first_event(trig)["status"] == "free"
 
 
 def test_a_refused_token_keeps_the_trigger_waiting_and_is_never_logged(live, monkeypatch, caplog, capsys):

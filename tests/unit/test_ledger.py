@@ -430,3 +430,24 @@ def test_a_connection_the_server_dropped_is_replaced(pg_server):
         assert take(led, "op2", "d1").granted
     finally:
         led.engine.dispose()
+
+
+def test_a_probe_decides_but_leases_nothing(ledger):
+    """What a capacity trigger asks: `free` where a take would be granted, the same refusal otherwise;
+    never a lease, never an operation, and the prober keeps its place among the waiters."""
+    led = ledger()
+    assert take(led, "op1", "d0").granted
+    d = take(led, "op2", "d1", probe=True)
+    assert d.outcome == "wait" and "max_domains_down=1" in d.reason
+    assert [w["op_id"] for w in led.waiting()] == ["op2"]
+    led.release("op1")
+    before = led.audit_count()
+    d = take(led, "op2", "d1", probe=True)
+    assert d.outcome == "free" and not d.granted
+    assert led.holdings() == {} and led.operation("op2") is None and led.audit_count() == before
+    assert [w["op_id"] for w in led.waiting()] == ["op2"]
+    assert take(led, "op2", "d1").granted  # the task then takes it
+    assert take(led, "op2", "d1", probe=True).granted  # already held: granted, as a take says
+    two = Budget(total_hosts=32, maintenance_hosts=16, failure_hosts=2, max_domains_down=2)
+    d = take(led, "em", "d1", two, kind="emergency", take_over_from=["op2"], probe=True)
+    assert d.outcome == "free" and set(led.holdings().values()) == {"op2"}  # a takeover probe moves nothing

@@ -216,3 +216,14 @@ def test_an_emergency_stop_whose_run_is_gone_is_finished_too(tmp_path):
     settle(ledger, fleet)
     assert all(h.versions["gpu-driver"] == "575.1" for h in fleet.hosts(list(cfg.domain("pod-b").hosts)))
     assert ledger.active_operations() == []
+
+
+def test_the_demo_progress_line_says_what_a_stop_waits_for_and_who_holds_it(tmp_path):
+    from railyard.demo import waiting_for
+
+    cfg, clock, fleet, ledger, stop = world(tmp_path)
+    assert waiting_for(ledger, "pod-b", "wait_capacity") == ""
+    assert stop("pod-c", "t/crashed/pod-c").take().granted
+    assert waiting_for(ledger, "pod-a", "wait_capacity") == " (capacity: pod-c held by t/crashed/pod-c)"
+    assert waiting_for(ledger, "pod-a", "wait_checkpoints") == " (jobs checkpointing)"
+    assert waiting_for(ledger, "pod-c", "drain") == ""

@@ -104,6 +104,19 @@ class BufferCapacitySensor(_StopSensor):
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
         event = event or {"status": "error", "message": "no event"}
+        if event["status"] in ("free", "decide"):  # the trigger leased nothing: this task decides, and takes
+            stop = self.stop_for(context)
+            d = stop.take()
+            self.log.info("%s: %s", d.outcome, d.reason)
+            if self._outcome(d.outcome, d.reason):
+                return None
+            deadline = float(event["deadline"])  # taken meanwhile by another: wait on, to the same deadline
+            if time.time() >= deadline:
+                raise AirflowFailException(f"no capacity for {self.domain or self.slot} within {self.wait_s:.0f}s: "
+                                           f"{d.reason}")
+            kw = self.trigger_kwargs(context, stop, deadline - self.wait_s)
+            self.defer(trigger=BufferCapacityTrigger(**kw), method_name="execute_complete",
+                       timeout=timedelta(seconds=max(60.0, deadline - time.time() + 60)))
         if not self._outcome(event["status"], event.get("message", "")):
             raise AirflowFailException(f"capacity wait ended without a lease: {event}")
 

@@ -83,15 +83,19 @@ class _PollingTrigger(BaseTrigger):
 
 
 class BufferCapacityTrigger(_PollingTrigger):
-    """Tries to take the domain lease until the buffers allow it, or the deadline passes."""
+    """Waits until the buffers would allow the domain, or the deadline passes. It leases nothing:
+    it probes (keeping the operation's place among the waiters) and wakes the task, which takes the
+    lease itself, so a lease is only ever taken by a live task (a task cleared or failed while
+    deferred leaves none behind)."""
 
     def probe(self) -> dict[str, Any] | None:
-        d = self.stop().take()
+        d = self.stop().take(probe=True)
         self.last = d.reason
         if d.outcome == "wait":
             self.log.info("waiting: %s", d.reason)
             return None
-        return {"status": d.outcome, "message": d.reason}
+        return {"status": "free" if d.outcome == "free" else "decide", "outcome": d.outcome, "message": d.reason,
+                "deadline": self.kw["deadline"]}
 
 
 class CheckpointTrigger(_PollingTrigger):

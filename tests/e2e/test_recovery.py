@@ -1,0 +1,151 @@
+"""Nothing stuck forever, on a real `airflow standalone` with the simulator: a run marked failed or
+deleted in the middle of a stop, and a capacity wait cleared as capacity frees up. Each ends, once
+the `railyard_reconcile` DAG has run, with every host serving or in repair and no lease but repairs'.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote
+
+import pytest
+
+from railyard.ledger import Ledger
+from railyard.models import BROKEN_STATES, HostState
+from railyard.stack import Stack, free_port
+from railyard.stop import budget_for
+from tests.support.configs import small_config, write_config
+
+pytestmark = pytest.mark.e2e
+ALL = ["driver-570", "firmware-96", "kernel-6-1-28"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("recovery")
+    data = small_config(domains=4, speed=60, upgrade_fail_rate=0.0, check_fail_rate=0.0, trains=[
+        {"id": "failed", "releases": ALL, "domains": ["pod-a"]},
+        {"id": "deleted", "releases": ALL, "domains": ["pod-b"]},
+        {"id": "cleared", "releases": ALL, "domains": ["pod-c"]},
+    ])
+    data["timeouts"]["poll_s"] = 0.25
+    cfg = write_config(tmp / "railyard.yaml", data)
+    s = Stack(home=tmp / "stack", config_file=cfg, airflow_port=free_port(), sim_port=free_port())
+    s.start_sim()
+    try:
+        s.start_airflow()
+        s.ensure_pool()
+        for d in ("railyard_train_failed", "railyard_train_deleted", "railyard_train_cleared", "railyard_reconcile"):
+            s.wait_dag(d)
+        yield s
+    finally:
+        s.stop()
+
+
+def ledger(stack: Stack) -> Ledger:
+    return Ledger(f"sqlite:///{stack.home}/ledger.db")
+
+
+def until(what: str, probe, timeout: float = 180, every: float = 0.2):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def run_reconciler(stack: Stack) -> None:
+    run = stack.trigger("railyard_reconcile")
+    assert stack.wait_run("railyard_reconcile", run, timeout=600) == "success"
+
+
+def settled(stack: Stack, domain: str) -> None:
+    """Every host serving or in repair, every lease a repair's, and the domain's serving hosts verified."""
+    fleet = stack.fleet()
+    for h in fleet.hosts():
+        assert h.state == HostState.SERVING or h.state in BROKEN_STATES, h
+    led = ledger(stack)
+    assert all(op.startswith("repair/") for op in led.holdings().values()), led.holdings()
+    assert fleet.audit()["unverified_returns"] == []
+    assert not [o for o in led.active_operations() if not o["id"].startswith("repair/")]
+
+
+def test_a_run_marked_failed_mid_upgrade_ends_with_its_hosts_back(stack):
+    """Airflow 3.3 keeps a run marked failed running until its pending teardowns have run: the stop's
+    return_to_service finishes the hosts (the installs in flight are waited for and checked); the
+    reconciler then finds nothing left, or finishes what the teardown could not."""
+    fleet = stack.fleet()
+    dag = "railyard_train_failed"
+    hosts = list(stack.config.domain("pod-a").hosts)
+    run = stack.trigger(dag)
+    until("pod-a upgrading", lambda: any(h.state == HostState.UPGRADING for h in fleet.hosts(hosts)))
+    stack.rest("PATCH", f"/dags/{dag}/dagRuns/{quote(run)}", json={"state": "failed"})
+    # the run ends once its teardown has run (Airflow 3.3 then judges it by its leaves: it may say success)
+    until("the run ended", lambda: stack.run_state(dag, run) in ("success", "failed"), timeout=600, every=1)
+    states = stack.task_states(dag, run)
+    assert states["pod-a.upgrade"] == "failed", states  # killed mid-upgrade
+    run_reconciler(stack)
+    settled(stack, "pod-a")
+    targets = stack.config.train_targets(stack.config.train("failed"))
+    for h in fleet.hosts(hosts):
+        assert h.state == HostState.SERVING and h.versions == targets, h  # the installs in flight finished, checked
+    op = f"failed/{run}/pod-a"
+    led = ledger(stack)
+    assert [a["action"] for a in led.audit_rows(op)].count("release") == 1
+    assert led.operation(op)["state"] == "done"
+
+
+def test_a_run_deleted_mid_stop_is_finished_by_the_reconciler(stack):
+    fleet = stack.fleet()
+    dag = "railyard_train_deleted"
+    hosts = list(stack.config.domain("pod-b").hosts)
+    run = stack.trigger(dag)
+    until("pod-b upgrading", lambda: any(h.state == HostState.UPGRADING for h in fleet.hosts(hosts)))
+    # Airflow deletes no running run: an impatient operator marks it failed, then its teardown failed too
+    # (it waits for the installs in flight), then deletes it; as a restored or wiped metadata DB would
+    stack.rest("PATCH", f"/dags/{dag}/dagRuns/{quote(run)}", json={"state": "failed"})
+    teardown = f"/dags/{dag}/dagRuns/{quote(run)}/taskInstances/pod-b.return_to_service"
+    until("the teardown marked failed", lambda: stack.rest("PATCH", teardown, ok=(200, 400, 404, 409),
+                                                            json={"new_state": "failed"}).get("task_instances"))
+    until("the run ended", lambda: stack.run_state(dag, run) in ("success", "failed"), timeout=300, every=1)
+    stack.rest("DELETE", f"/dags/{dag}/dagRuns/{quote(run)}", ok=(200, 204))
+    op = f"deleted/{run}/pod-b"
+    led = ledger(stack)
+    assert led.holdings(op)
+    run_reconciler(stack)
+    settled(stack, "pod-b")
+    assert all(h.state == HostState.SERVING for h in fleet.hosts(hosts))
+    rec = next(a for a in led.audit_rows(op) if a["action"] == "reconcile")
+    assert f"its run {dag}/{run} is deleted" in rec["reason"]
+    assert led.operation(op)["state"] == "done"
+
+
+def test_a_capacity_wait_cleared_as_capacity_frees_leaves_no_lease(stack):
+    """The trigger only probes: capacity freed at the moment the waiting task is cleared cannot leave a
+    lease behind for a task that is no longer deferred. The cleared task runs again, takes the domain
+    itself and the run finishes."""
+    cfg = stack.config
+    dag = "railyard_train_cleared"
+    led = ledger(stack)
+    holder = "holder/by-hand/pod-d"  # an operation of no known run: held until released
+    assert led.acquire_domain(holder, train="holder", domain="pod-d", hosts=list(cfg.domain("pod-d").hosts),
+                              budget=budget_for(cfg)).granted
+    run = stack.trigger(dag)
+    task = "pod-c.wait_capacity"
+    until("wait_capacity deferred", lambda: stack.task_states(dag, run).get(task) == "deferred", timeout=120)
+    op = f"cleared/{run}/pod-c"
+    assert led.holdings(op) == {}
+    time.sleep(2)  # several polls of the trigger while capacity is held
+    assert led.holdings(op) == {} and [w["op_id"] for w in led.waiting()] == [op]
+    led.release(holder, reason="test: capacity frees up")
+    stack.rest("POST", f"/dags/{dag}/clearTaskInstances",
+               json={"dry_run": False, "task_ids": [task], "dag_run_id": run, "only_failed": False,
+                     "reset_dag_runs": True, "include_downstream": False})
+    assert stack.wait_run(dag, run, timeout=600) == "success"
+    run_reconciler(stack)
+    settled(stack, "pod-c")
+    takes = [a for a in led.audit_rows(op) if a["action"] == "lease"]
+    assert len(takes) == 1  # one lease, taken by the task
+    assert all(h.state == HostState.SERVING for h in stack.fleet().hosts(list(cfg.domain("pod-c").hosts)))

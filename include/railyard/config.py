@@ -274,6 +274,18 @@ class FleetSpec(Strict):
     connection: Token = "railyard_fleet"
     ssh: SshSpec | None = None
     slurm: SlurmSpec | None = None  # backend slurm: railyard.slurm.config (defaults when absent)
+    poll_s: float | None = Field(
+        default=None, ge=0.1, le=3600,
+        description="seconds between two reads of the fleet by a waiting step (a trigger's poll, a sensor's "
+                    "poke); each poll reads it once. Default: 1 for http, 10 for ssh and slurm (a read runs "
+                    "sinfo/squeue on the controller or reaches the hosts)")
+
+    @property
+    def poll_interval_s(self) -> float:
+        """`poll_s`, or the backend's default."""
+        if self.poll_s is not None:
+            return self.poll_s
+        return 1.0 if self.backend == "http" else 10.0
 
 
 class LedgerSpec(Strict):
@@ -473,8 +485,10 @@ class RailyardConfig(Strict):
         raise KeyError(f"unknown train {train_id!r}; known: {', '.join(t.id for t in self.trains)}")
 
     def train_domains(self, train: TrainSpec) -> list[DomainSpec]:
-        names = train.domains or [d.name for d in self.domains]
-        return [self.domain(n) for n in names]
+        if not train.domains:
+            return list(self.domains)
+        by_name = {d.name: d for d in self.domains}  # not `domain()` per name: 1,200 domains are 720,000 looks
+        return [by_name[n] for n in train.domains]
 
     def train_targets(self, train: TrainSpec) -> dict[str, str]:
         """component -> target version, in the order the train applies them."""
@@ -590,6 +604,11 @@ def parse_config(data: Any, source: str = "<config>") -> RailyardConfig:
         raise ConfigError(source, problems) from None
 
 
+# libyaml's safe loader: the same documents and types as yaml.safe_load, ten times faster on a fleet's
+# config (1,200 domains: 0.45 s in pure Python)
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_config(path: str | os.PathLike[str] | None = None) -> RailyardConfig:
     p = config_path(path)
     try:
@@ -597,7 +616,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> RailyardConfig:
     except OSError as exc:
         raise ConfigError(str(p), [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_YAML_LOADER)  # a safe loader (libyaml's when present)
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), [f"not valid YAML: {exc}"]) from None
     if not isinstance(data, dict):

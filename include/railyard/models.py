@@ -10,7 +10,7 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -26,6 +26,9 @@ def check_token(value: str) -> str:
 
 
 Token = Annotated[str, AfterValidator(check_token)]
+# The same rule checked inside pydantic-core, with no Python call per value: for what a fleet reports
+# in bulk (76,800 hosts are 230,400 names), where pydantic's own message will do.
+FleetToken = Annotated[str, StringConstraints(pattern=r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,62}\z")]
 
 
 class Strict(BaseModel):
@@ -50,9 +53,9 @@ BROKEN_STATES = frozenset({HostState.FAILED, HostState.REPAIR})
 
 
 class Host(Strict):
-    name: Token
-    domain: Token
-    sku: Token = "gpu"
+    name: FleetToken
+    domain: FleetToken
+    sku: FleetToken = "gpu"
     gpus: int = 8
     state: HostState
     versions: dict[str, str] = Field(default_factory=dict)

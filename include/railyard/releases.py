@@ -12,17 +12,19 @@ phase exceeds `max_failure_rate` halts by itself; one whose phase hosts are all 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from railyard.compat import Rule, apply_order, newest, parse_rule, version_key
 from railyard.config import RailyardConfig, ReleaseSpec, TrainSpec
 from railyard.fleet.port import Fleet
-from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
-from railyard.planning import budget_for, pending_steps, stop_estimate_s
+
+if TYPE_CHECKING:  # drift needs no ledger: `railyard drift` does not import SQLAlchemy
+    from railyard.ledger import Ledger
 
 PHASES = ("canary", "staged", "fleet")
 
@@ -50,11 +52,17 @@ class ReleaseState:
 
 
 class Rollout:
+    """The rollout of every release, as the ledger has it. An instance reads each release's state
+    once and keeps it (its own writes update it): a plan asks `admits` for every host of the fleet,
+    and that must not be a query each time. Make a new instance to see what others changed since."""
+
     def __init__(self, config: RailyardConfig, ledger: Ledger):
         self.config = config
         self.ledger = ledger
         self.by_id = {r.id: r for r in config.releases}
         self._override: dict[str, ReleaseState] = {}
+        self._states: dict[str, ReleaseState] = {}
+        self._admitted: dict[tuple[str, str], frozenset[str] | None] = {}
 
     def release(self, rid: str) -> ReleaseSpec:
         if rid not in self.by_id:
@@ -64,11 +72,16 @@ class Rollout:
     def state(self, rid: str) -> ReleaseState:
         if rid in self._override:
             return self._override[rid]
-        r = self.release(rid)
-        row = self.ledger.release_state(rid)
-        if row is None:
-            return ReleaseState(rid, "canary" if r.rollout is not None else "fleet")
-        return ReleaseState(rid, row["phase"], bool(row["halted"]), row["reason"], row["promoted_at"])
+        if rid not in self._states:
+            r = self.release(rid)
+            row = self.ledger.release_state(rid)
+            self._states[rid] = ReleaseState(rid, "canary" if r.rollout is not None else "fleet") if row is None \
+                else ReleaseState(rid, row["phase"], bool(row["halted"]), row["reason"], row["promoted_at"])
+        return self._states[rid]
+
+    def _write_state(self, rid: str, **kw: Any) -> None:
+        self.ledger.set_release_state(rid, **kw)
+        self._states.pop(rid, None)  # read back from the ledger next time
 
     # ---- which hosts a phase admits -------------------------------------------------------------
     def canary(self, rid: str) -> list[str]:
@@ -86,17 +99,24 @@ class Rollout:
         seen = set(first)
         return first + [h for d in self.config.domains for h in d.hosts if h not in seen]
 
-    def admitted(self, rid: str, phase: str | None = None) -> set[str] | None:
-        """Hosts the phase admits; None = every host."""
-        r = self.release(rid)
+    def admitted(self, rid: str, phase: str | None = None) -> frozenset[str] | None:
+        """Hosts the phase admits; None = every host. Computed once per release and phase (it
+        depends on the config alone)."""
         phase = phase or self.state(rid).phase
+        key = (rid, phase)
+        if key not in self._admitted:
+            self._admitted[key] = self._admitted_hosts(rid, phase)
+        return self._admitted[key]
+
+    def _admitted_hosts(self, rid: str, phase: str) -> frozenset[str] | None:
+        r = self.release(rid)
         if r.rollout is None or phase == "fleet":
             return None
         if phase == "canary":
-            return set(self.canary(rid))
+            return frozenset(self.canary(rid))
         rank = self.ranking(rid)
         n = max(len(self.canary(rid)), math.ceil(r.rollout.staged_fraction * len(rank)))
-        return set(rank[:n])
+        return frozenset(rank[:n])
 
     def admits(self, rid: str, host: str) -> bool:
         st = self.state(rid)
@@ -143,8 +163,8 @@ class Rollout:
             if r.rollout is None:
                 continue
             if write and self.ledger.release_state(r.id) is None:
-                self.ledger.set_release_state(r.id, phase="canary", halted=False, reason="rollout started",
-                                              actor="railyard", fleet_now=now, action="release_start", promoted=True)
+                self._write_state(r.id, phase="canary", halted=False, reason="rollout started",
+                                  actor="railyard", fleet_now=now, action="release_start", promoted=True)
             st = self.state(r.id)
             if st.halted:
                 continue
@@ -161,8 +181,8 @@ class Rollout:
     def _set(self, rid: str, phase: str, halted: bool, reason: str, now: float, action: str, write: bool,
              *, promoted: bool, actor: str = "railyard") -> None:
         if write:
-            self.ledger.set_release_state(rid, phase=phase, halted=halted, reason=reason, actor=actor,
-                                          fleet_now=now, action=action, promoted=promoted)
+            self._write_state(rid, phase=phase, halted=halted, reason=reason, actor=actor,
+                              fleet_now=now, action=action, promoted=promoted)
         else:
             old = self.state(rid)
             self._override[rid] = ReleaseState(rid, phase, halted, reason, now if promoted else old.promoted_at)
@@ -179,8 +199,8 @@ class Rollout:
             raise ReleaseError(f"release: {rid!r} has no rollout phases (releases[].rollout); only halt applies")
         st = self.state(rid)
         if self.ledger.release_state(rid) is None:
-            self.ledger.set_release_state(rid, phase=st.phase, halted=False, reason="rollout started",
-                                          actor="railyard", fleet_now=now, action="release_start", promoted=True)
+            self._write_state(rid, phase=st.phase, halted=False, reason="rollout started",
+                              actor="railyard", fleet_now=now, action="release_start", promoted=True)
         if action == "promote":
             if st.halted:
                 raise ReleaseError(f"release: {rid!r} is halted ({st.reason}); resume it first")
@@ -214,11 +234,45 @@ class Rollout:
 def visit_targets(config: RailyardConfig, release_ids: list[str], host: str,
                   admits: Callable[[str, str], bool] | None = None) -> tuple[dict[str, str], list[str]]:
     """(component -> version in apply order, release ids) for `host`: the admitted releases."""
-    by_id = {r.id: r for r in config.releases}
-    rels = [by_id[r] for r in release_ids if admits is None or admits(r, host)]
-    order = apply_order([r.component for r in rels], config.rules(), config.compatibility.order)
-    comp = {r.component: r for r in rels}
-    return {c: comp[c].version for c in order}, [comp[c].id for c in order]
+    return Visits(config, release_ids)(host, admits)
+
+
+class Visits:
+    """`visit_targets` for many hosts: the apply order is worked out once per set of admitted
+    releases (a fleet has a handful of such sets, not one per host)."""
+
+    def __init__(self, config: RailyardConfig, release_ids: list[str]):
+        self.by_id = {r.id: r for r in config.releases}
+        self.release_ids = list(release_ids)
+        self.rules = config.rules()
+        self.order = config.compatibility.order
+        self._memo: dict[tuple[str, ...], tuple[dict[str, str], list[str]]] = {}
+
+    def __call__(self, host: str, admits: Callable[[str, str], bool] | None = None
+                 ) -> tuple[dict[str, str], list[str]]:
+        return self._for(tuple(r for r in self.release_ids if admits is None or admits(r, host)))
+
+    def with_rollout(self, rollout: Rollout) -> Callable[[str], tuple[dict[str, str], list[str]]]:
+        """`lambda host: self(host, rollout.admits)`, with each release's state and admitted hosts
+        looked up once rather than once per host."""
+        gates: list[tuple[str, frozenset[str] | None]] = []
+        for rid in self.release_ids:
+            st = rollout.state(rid)
+            if not st.halted:  # a halted release admits no host
+                gates.append((rid, rollout.admitted(rid, st.phase)))
+        if all(adm is None for _, adm in gates):  # every host gets the same: no per-host look at all
+            every = tuple(rid for rid, _ in gates)
+            return lambda host: self._for(every)
+        return lambda host: self._for(tuple(rid for rid, adm in gates if adm is None or host in adm))
+
+    def _for(self, key: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+        if key not in self._memo:
+            rels = [self.by_id[r] for r in key]
+            order = apply_order([r.component for r in rels], self.rules, self.order)
+            comp = {r.component: r for r in rels}
+            self._memo[key] = {c: comp[c].version for c in order}, [comp[c].id for c in order]
+        targets, ids = self._memo[key]
+        return dict(targets), list(ids)
 
 
 def broken_rules(rules: list[Rule], versions: dict[str, str]) -> list[Rule]:
@@ -272,6 +326,7 @@ def check_plan(config: RailyardConfig, train: TrainSpec, hosts: list[Host], roll
                       {r: s.phase if s.halted else max(s.phase, PHASES[k], key=PHASES.index)
                        for r, s in current.items()}))
     versions = {h.name: dict(h.versions) for h in hosts}
+    visit = Visits(config, train.releases)
     for h in hosts:
         for r in broken_rules(rules, versions[h.name]):
             found.setdefault((r.text, "now"), []).append((h.name, dict(versions[h.name])))
@@ -283,7 +338,7 @@ def check_plan(config: RailyardConfig, train: TrainSpec, hosts: list[Host], roll
             return adm is None or host in adm
 
         for h in hosts:
-            t, _ids = visit_targets(config, train.releases, h.name, admits)
+            t, _ids = visit(h.name, admits)
             versions[h.name].update(t)
             for r in broken_rules(rules, versions[h.name]):
                 found.setdefault((r.text, label), []).append((h.name, dict(versions[h.name])))
@@ -295,6 +350,8 @@ def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: L
     """What the next run of `train` would do, read-only: stops in order, hosts and releases per host,
     estimate, jobs asked to checkpoint, the lowest serving capacity and the floor, and any rule a step
     of the rollout would break (then the run is refused before it touches a host)."""
+    from railyard.planning import budget_for, stop_estimate_s  # the ledger's Budget: only a plan needs it
+
     rollout = Rollout(config, ledger)
     hosts = fleet.hosts()
     now = fleet.now()
@@ -302,25 +359,34 @@ def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: L
         rollout.refresh(hosts, now, write=False)
     live = {h.name: h for h in hosts}
     broken = {h.name for h in hosts if h.state in BROKEN_STATES}
+    running: dict[str, set[str]] = {}  # host -> its running jobs: one read of the jobs, not one per domain
+    for j in fleet.jobs():
+        if j.state == "running":
+            for n in j.hosts:
+                running.setdefault(n, set()).add(j.id)
+    visit = Visits(config, train.releases).with_rollout(rollout)
     stops: list[dict[str, Any]] = []
     for d in config.train_domains(train):
         work: dict[str, list[str]] = {}
         targets: dict[str, dict[str, str]] = {}
         for name in d.hosts:
             h = live[name]
-            t, ids = visit_targets(config, train.releases, name, rollout.admits)
+            t, ids = visit(name)
             targets[name] = t
-            if h.state not in BROKEN_STATES and pending_steps(t, h):
-                work[name] = [i for i in ids if live[name].versions.get(rollout.by_id[i].component)
-                              != rollout.by_id[i].version]
+            if h.state not in BROKEN_STATES:
+                todo = [i for i in ids if h.versions.get(rollout.by_id[i].component) != rollout.by_id[i].version]
+                if todo:
+                    work[name] = todo
         if not work:
             stops.append({"domain": d.name, "skip": True, "hosts": len(d.hosts), "hosts_to_upgrade": 0})
             continue
-        workable = [live[n] for n in d.hosts if n not in broken]
-        jobs = sorted({j.id for j in fleet.jobs(list(d.hosts)) if j.state == "running"})
+        jobs = sorted({j for n in d.hosts for j in running.get(n, ())})
         groups: dict[str, list[str]] = {}
         for n, ids in work.items():
             groups.setdefault("+".join(ids), []).append(n)
+        # the estimate depends only on which components are pending: one host per distinct set of them
+        # gives the same figure as every workable host (without a Step per host and component)
+        workable = [live[v[0]] for v in groups.values()]
         stops.append({
             "domain": d.name, "skip": False, "sku": d.sku, "hosts": len(d.hosts), "hosts_to_upgrade": len(work),
             "releases": {k: sorted(v) for k, v in groups.items()},
@@ -400,20 +466,23 @@ def job_stacks(config: RailyardConfig, hosts: list[Host]) -> list[dict[str, Any]
 def drift(config: RailyardConfig, hosts: list[Host], now: float) -> dict[str, Any]:
     """Per component: versions per domain and SKU, the fraction at the newest released version,
     and the oldest version still running with its age (when the catalog dates it)."""
+    names = [c.name for c in config.components]
+    # one pass over the fleet: hosts counted per (domain, SKU, versions); a fleet has few such kinds
+    kinds = Counter((h.domain, h.sku, tuple(h.versions.get(n, "none") for n in names)) for h in hosts)
     comps: dict[str, Any] = {}
-    for c in config.components:
+    for i, c in enumerate(config.components):
         released = [r.version for r in config.releases if r.component == c.name]
         top = newest(released)
         by_domain: dict[str, dict[str, int]] = {}
         by_sku: dict[str, dict[str, int]] = {}
         versions: dict[str, int] = {}
-        for h in hosts:
-            v = h.versions.get(c.name, "none")
-            versions[v] = versions.get(v, 0) + 1
-            by_domain.setdefault(h.domain, {}).setdefault(v, 0)
-            by_domain[h.domain][v] += 1
-            by_sku.setdefault(h.sku, {}).setdefault(v, 0)
-            by_sku[h.sku][v] += 1
+        for (domain, sku, vs), k in kinds.items():
+            v = vs[i]
+            versions[v] = versions.get(v, 0) + k
+            dv = by_domain.setdefault(domain, {})
+            dv[v] = dv.get(v, 0) + k
+            sv = by_sku.setdefault(sku, {})
+            sv[v] = sv.get(v, 0) + k
         running = [v for v in versions if v != "none"]
         oldest = min(running, key=version_key) if running else None
         at_top = versions.get(top, 0) if top else 0

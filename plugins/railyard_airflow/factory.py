@@ -62,9 +62,10 @@ def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dic
     with TaskGroup(group_id=group_id, tooltip=tooltip):
         # the waits retry too: a transient error (fleet or ledger briefly busy) must not stop a train
         waits = dict(priority_weight=priority_weight, retries=2, retry_delay=timedelta(seconds=5))
-        take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=1.0,
+        poll = config.fleet.poll_interval_s  # one read of the fleet per poke or trigger poll, this often
+        take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=poll,
                                     trigger_rule=TriggerRule.NONE_FAILED, **waits, **common, **where)
-        ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=1.0,
+        ckpt = CheckpointSensor(task_id="wait_checkpoints", wait_s=t.checkpoint_wait_s, poll_s=poll,
                                 **waits, **common, **where)
         drain = step(DrainDomainOperator, "drain", t.drain_s)
         upgrade = step(UpgradeDomainOperator, "upgrade", t.upgrade_s)

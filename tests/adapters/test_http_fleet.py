@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -191,6 +192,45 @@ def test_state_survives_sigkill_and_restart_and_sigterm_stops_cleanly(sim_server
     assert fleet.healthy()
     assert sim_server.stop() == 0  # SIGTERM: a clean exit
     assert not fleet.healthy()
+
+
+def test_the_whole_fleet_comes_back_in_one_answer_validated_as_hosts(shared_sim_server: SimServer) -> None:
+    fleet = HttpFleet(shared_sim_server.url)
+    hosts = fleet.hosts()
+    raw = requests.get(f"{shared_sim_server.url}/v1/hosts", timeout=5).json()
+    assert [h.model_dump(mode="json") for h in hosts] == raw  # the engine's own JSON, as the models say it
+    assert [h.name for h in hosts] == sorted(h.name for h in hosts) and len(hosts) == len(raw) > 0
+    assert fleet.hosts(["gpu-b02", "gpu-a01"]) == [h for n in ("gpu-b02", "gpu-a01") for h in hosts if h.name == n]
+    assert fleet.jobs() and all(isinstance(j.hosts, list) for j in fleet.jobs())
+
+
+def test_a_fleet_answer_that_does_not_validate_is_a_fleet_error() -> None:
+    """A fleet manager that answers hosts with a name no shell may see: refused at the boundary."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Liar(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = json.dumps([{"name": "gpu-a01; reboot", "domain": "pod-a", "state": "serving"}]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = HTTPServer(("127.0.0.1", 0), Liar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(FleetError, match=r"GET /v1/hosts answered data that does not validate .*first at 0\.name"):
+            HttpFleet(url).hosts()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _closed_port() -> int:

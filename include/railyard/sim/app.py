@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from railyard.config import RailyardConfig
@@ -256,7 +256,9 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
 
     @v1.get("/hosts", response_model=list[Host], summary="Hosts, all or by name")
     def hosts(names: Annotated[str | None, Query(description="comma-separated host names; all when absent")] = None) -> Any:
-        return engine.hosts(_names(names, "names"))
+        # the engine's own JSON (built once per change of the world), not a model per host per call:
+        # a fleet of 76,800 hosts answers in milliseconds instead of seconds
+        return Response(content=engine.hosts_json(_names(names, "names")), media_type="application/json")
 
     @v1.get("/jobs", response_model=list[Job], summary="Jobs running on any of the hosts (all when absent)")
     def jobs(hosts: Annotated[str | None, Query(description="comma-separated host names")] = None) -> Any:

@@ -83,6 +83,12 @@ class _Host:
     fail_at: float | None = None  # next random failure, while serving
     job: str | None = None
 
+    def row(self) -> dict[str, Any]:
+        """`public()` as plain JSON data, without building the model (the API's bulk reads)."""
+        return {"name": self.name, "domain": self.domain, "sku": self.sku, "gpus": self.gpus,
+                "state": self.state.value, "versions": dict(self.versions), "operation": self.operation,
+                "reason": self.reason, "last_error": self.last_error}
+
     def public(self) -> Host:
         return Host(
             name=self.name,
@@ -166,10 +172,11 @@ class _Store:
             [(k, t, json.loads(d)) for k, t, d in rows],
         )
 
-    def save(self, world: dict[str, Any] | None, t: float, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+    def save(self, world: str | None, t: float, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+        """`world` is the snapshot's JSON text (None: unchanged)."""
         with self.conn:
             if world is not None:
-                self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (json.dumps(world),))
+                self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (world,))
             self.conn.execute("INSERT OR REPLACE INTO clock (id, t) VALUES (1, ?)", (t,))
             self.conn.executemany(
                 "INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)", [(k, tt, json.dumps(d)) for k, tt, d in rows]
@@ -224,7 +231,14 @@ class SimEngine:
         self._refusals: list[dict[str, Any]] = []  # in memory only: since this process started
         self._installs: dict[tuple[str, str, str], int] = {}
         self._rows: list[tuple[str, float, dict[str, Any]]] = []  # audit rows not yet written
-        self._dirty = False
+        # Every change of the world sets `_dirty`, which also bumps `_gen`: what is derived from the
+        # whole fleet (next event, capacity picture, the hosts' JSON) is kept until the next change,
+        # so an idle tick or a read of a large fleet does not walk every host again.
+        self._gen = 0
+        self._changed = False
+        self._derived: dict[str, tuple[int, Any]] = {}
+        self._names: list[str] = []  # host names, sorted (hosts are fixed by the config)
+        self._host_json: dict[str, tuple[tuple[Any, ...], str, str]] = {}  # name -> (fields, snapshot, API JSON)
         self._saved_t: float | None = None
 
         world, clock_t, rows = self._store.load() if self._store else (None, None, [])
@@ -245,8 +259,18 @@ class SimEngine:
     @_locked
     def hosts(self, names: list[str] | None = None) -> list[Host]:
         if names is None:
-            return [self._hosts[n].public() for n in sorted(self._hosts)]
+            return [self._hosts[n].public() for n in self._names]
         return [self._host(n).public() for n in names]
+
+    @_locked
+    def hosts_json(self, names: list[str] | None = None) -> bytes:
+        """`hosts(names)` as a JSON array of `Host` objects, for the API. The whole fleet's is built
+        once per change of the world, so repeated reads of a large fleet cost nothing."""
+        if names is not None:
+            return json.dumps([self._host(n).row() for n in names], separators=(",", ":")).encode()
+        payload: bytes = self._cached("hosts_json", lambda: (
+            "[" + ",".join(part[1] for part in self._host_parts()) + "]").encode())
+        return payload
 
     @_locked
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
@@ -400,12 +424,13 @@ class SimEngine:
 
     @_locked
     def capacity(self) -> Capacity:
+        serving, by_state, domains_out = self._picture()
         return Capacity(
             now=self._t,
             total_hosts=len(self._hosts),
-            serving_hosts=sum(h.state == HostState.SERVING for h in self._hosts.values()),
-            by_state=self._by_state(),
-            domains_out=self._domains_out(),
+            serving_hosts=serving,
+            by_state=dict(by_state),
+            domains_out=list(domains_out),
         )
 
     # ---- beyond the protocol -------------------------------------------------------------------
@@ -554,6 +579,10 @@ class SimEngine:
         self._persist()
 
     def _next_due(self) -> float | None:
+        due: float | None = self._cached("next_due", self._scan_next_due)
+        return due
+
+    def _scan_next_due(self) -> float | None:
         times: list[float] = []
         for h in self._hosts.values():
             if h.until is not None:
@@ -665,7 +694,9 @@ class SimEngine:
         pending = [self._jobs[k] for k in sorted(self._jobs) if self._jobs[k].state == "pending"]
         if not pending:
             return
-        names = order or sorted(self._hosts)
+        if order is None and self._derived.get("placed", (-1, None))[0] == self._gen:
+            return  # nothing changed since the last try placed nothing
+        names = order or self._names
         for job in pending:
             free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
             need = self.sim.jobs.hosts_per_job
@@ -675,6 +706,7 @@ class SimEngine:
             job.hosts, job.state, job.last_checkpoint = free[:need], "running", self._t  # resumes from its checkpoint
             for n in job.hosts:
                 self._hosts[n].job = job.id
+        self._derived["placed"] = (self._gen, None)
 
     # ---- world ---------------------------------------------------------------------------------
     def _seed_world(self) -> None:
@@ -694,6 +726,7 @@ class SimEngine:
                     state=HostState.SERVING,
                     versions=dict(self.sim.initial_versions),
                 )
+        self._names = sorted(self._hosts)
         for h in self._sorted_hosts():
             h.fail_at = self._draw_failure()
         spec = self.sim.jobs
@@ -711,11 +744,31 @@ class SimEngine:
         self._place_pending(order=names[offset:] + names[:offset])  # jobs straddle two domains
         self._dirty = True
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> str:
+        """The world as JSON text. Each host's part is kept between snapshots and redone only when the
+        host changed: a 76,800-host fleet is re-serialised in a tenth of a second, not four."""
+        rest = json.dumps(self._snapshot_rest())
+        return rest[:-1] + ', "hosts": [' + ", ".join(part[0] for part in self._host_parts()) + "]}"
+
+    def _host_parts(self) -> list[tuple[str, str]]:
+        """Per host, sorted by name: (its snapshot JSON, its API JSON), each redone only when the host
+        changed since the last call."""
+        out: list[tuple[str, str]] = []
+        for name in self._names:
+            h = self._hosts[name]
+            key = (h.state, h.operation, h.reason, h.last_error, h.until, h.fail_at, h.job, h.gpus,
+                   tuple(h.versions.items()), None if h.upgrade is None else json.dumps(h.upgrade))
+            hit = self._host_json.get(name)
+            if hit is None or hit[0] != key:
+                # a dataclass's __dict__ is its fields: asdict() would deep-copy them first, 40x slower
+                hit = self._host_json[name] = (key, json.dumps(vars(h)), json.dumps(h.row(), separators=(",", ":")))
+            out.append((hit[1], hit[2]))
+        return out
+
+    def _snapshot_rest(self) -> dict[str, Any]:
         return {
             "version": SNAPSHOT_VERSION,
             "t": self._t,
-            "hosts": [asdict(h) for h in self._sorted_hosts()],
             "jobs": [asdict(self._jobs[k]) for k in sorted(self._jobs)],
             "checks": [asdict(c) for c in self._checks.values()],
             "stops": [{"op": op, "domain": dom, "phases": ph} for (op, dom), ph in self._stops.items()],
@@ -736,6 +789,7 @@ class SimEngine:
             h = _Host(**raw)
             h.state = HostState(h.state)
             self._hosts[h.name] = h
+        self._names = sorted(self._hosts)
         self._jobs = {j["id"]: _Job(**j) for j in world["jobs"]}
         self._checks = {(c["host"], c["op"]): _Check(**c) for c in world["checks"]}
         self._stops = {(s["op"], s["domain"]): s["phases"] for s in world["stops"]}
@@ -764,12 +818,11 @@ class SimEngine:
     # ---- audit -----------------------------------------------------------------------------------
     def _sample(self) -> None:
         """Record the capacity picture if it changed since the last sample."""
-        sample = {
-            "t": self._t,
-            "serving": sum(h.state == HostState.SERVING for h in self._hosts.values()),
-            "by_state": self._by_state(),
-            "domains_out": self._domains_out(),
-        }
+        if self._derived.get("sampled", (-1, None))[0] == self._gen:
+            return  # the world has not changed since the last look
+        self._derived["sampled"] = (self._gen, None)
+        serving, by_state, domains_out = self._picture()
+        sample = {"t": self._t, "serving": serving, "by_state": dict(by_state), "domains_out": list(domains_out)}
         last = self._samples[-1] if self._samples else None
         if last is not None and all(last[k] == sample[k] for k in ("serving", "by_state", "domains_out")):
             return
@@ -803,8 +856,35 @@ class SimEngine:
         return out
 
     # ---- helpers -------------------------------------------------------------------------------
+    @property
+    def _dirty(self) -> bool:
+        """Whether the world changed since it was last persisted; setting it also ends the life of
+        everything `_cached` (a new generation of the world)."""
+        return self._changed
+
+    @_dirty.setter
+    def _dirty(self, value: bool) -> None:
+        if value:
+            self._gen += 1
+        self._changed = value
+
+    def _cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """`build()`, computed once per generation of the world."""
+        hit = self._derived.get(key)
+        if hit is not None and hit[0] == self._gen:
+            return hit[1]
+        value = build()
+        self._derived[key] = (self._gen, value)
+        return value
+
+    def _picture(self) -> tuple[int, dict[str, int], list[str]]:
+        """(serving hosts, hosts per state, domains out), once per generation of the world."""
+        picture: tuple[int, dict[str, int], list[str]] = self._cached("picture", lambda: (
+            sum(h.state == HostState.SERVING for h in self._hosts.values()), self._by_state(), self._domains_out()))
+        return picture
+
     def _sorted_hosts(self) -> list[_Host]:
-        return [self._hosts[n] for n in sorted(self._hosts)]
+        return [self._hosts[n] for n in self._names]
 
     def _by_state(self) -> dict[str, int]:
         counts = {s.value: 0 for s in HostState}

@@ -116,6 +116,7 @@ class SlurmFleet:
         self.sku_of = {h: d.sku for d in config.domains for h in d.hosts}
         self.prefix = spec.reason_prefix
         self._addr: dict[str, str] = {}  # NodeAddr seen in the last read
+        self._gpus_of: dict[str, int] = {}  # GPUs per node seen in the last sinfo (hardware: stable)
         self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._reported: set[tuple[str, str]] = set()
 
@@ -193,7 +194,9 @@ class SlurmFleet:
 
     def _sinfo(self) -> list[dict[str, Any]]:
         """One record per node, from the layout of any Slurm version (23.02+ groups nodes in rows)."""
-        return parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
+        records = parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
+        self._gpus_of = {parse.node_name(n): parse.gpus_per_node(n) for n in records}
+        return records
 
     def _squeue(self) -> list[dict[str, Any]]:
         return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
@@ -342,8 +345,13 @@ class SlurmFleet:
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         """Jobs as Slurm reports them; a read: nothing is requeued here (see `requeue_silent`)."""
         want = set(self._check_hosts(hosts)) if hosts is not None else None
-        gpus_of = {parse.node_name(n): parse.gpus_per_node(n) for n in self._sinfo()}
-        out = [self._job(j, gpus_of) for j in self._squeue()]
+        queue = self._squeue()
+        # GPUs per node (for jobs that state none) from the last sinfo: a poll that read the hosts
+        # runs no second sinfo; one more only for a node not seen yet
+        nodes = {h for j in queue if parse.job_nodes(j) for h in expand_hostlist(parse.job_nodes(j))}
+        if not self._gpus_of or not nodes <= self._gpus_of.keys():
+            self._sinfo()
+        out = [self._job(j, self._gpus_of) for j in queue]
         return out if want is None else [j for j in out if want & set(j.hosts)]
 
     def derived_domains(self) -> dict[str, list[str]]:

@@ -30,10 +30,12 @@ class _PollingTrigger(BaseTrigger):
         # still loads after an upgrade: the fleet now comes from the connection id.
         super().__init__()
         del fleet_url
-        self.kw = dict(train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_conn_id=fleet_conn_id,
-                       ledger_url=ledger_url, config_path=config_path, deadline=deadline,
-                       poll_interval=poll_interval, since=since)
+        self.kw: dict[str, Any] = dict(
+            train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_conn_id=fleet_conn_id,
+            ledger_url=ledger_url, config_path=config_path, deadline=deadline, poll_interval=poll_interval,
+            since=since)
         self._fleet: Fleet | None = None
+        self._stop: Stop | None = None
 
     def fleet(self) -> Fleet:
         """The fleet, built once per trigger instance (config, connection and HTTP session reused by
@@ -43,14 +45,23 @@ class _PollingTrigger(BaseTrigger):
         return self._fleet
 
     def stop(self) -> Stop:
+        """The stop for one poll. Its config, ledger and fleet client are built once per trigger
+        instance; each poll gets a fresh Stop over a `ReadOnce` view of the fleet, so a poll reads the
+        fleet once (one `hosts()`, one `jobs()`, one clock) however many questions the stop asks:
+        on Slurm one sinfo and one squeue per poll, at the config's `fleet.poll_s`."""
+        from dataclasses import replace
+
+        from railyard.fleet.once import ReadOnce
         from railyard_airflow.context import make_stop
 
-        kw = self.kw
-        stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"], fleet=self.fleet(),
-                         say=lambda _m: None, ledger_url=kw["ledger_url"], path=kw["config_path"],
-                         slot=kw.get("slot"))
-        assert stop is not None  # a slot defers only after it has claimed its domain
-        return stop
+        if self._stop is None:
+            kw = self.kw
+            stop = make_stop(train_id=kw["train_id"], domain=kw["domain"], run_id=kw["run_id"], fleet=self.fleet(),
+                             say=lambda _m: None, ledger_url=kw["ledger_url"], path=kw["config_path"],
+                             slot=kw.get("slot"))
+            assert stop is not None  # a slot defers only after it has claimed its domain
+            self._stop = stop
+        return replace(self._stop, fleet=ReadOnce(self.fleet()))  # nothing read by an earlier poll is reused
 
     async def cleanup(self) -> None:
         from railyard.fleet.http import HttpFleet

@@ -246,15 +246,16 @@ class Visits:
         self.release_ids = list(release_ids)
         self.rules = config.rules()
         self.order = config.compatibility.order
-        self._memo: dict[tuple[str, ...], tuple[dict[str, str], list[str]]] = {}
+        self._memo: dict[tuple[str, ...], tuple[tuple[str, str, str], ...]] = {}
 
     def __call__(self, host: str, admits: Callable[[str, str], bool] | None = None
                  ) -> tuple[dict[str, str], list[str]]:
-        return self._for(tuple(r for r in self.release_ids if admits is None or admits(r, host)))
+        steps = self.steps(tuple(r for r in self.release_ids if admits is None or admits(r, host)))
+        return {c: v for _, c, v in steps}, [rid for rid, _, _ in steps]
 
-    def with_rollout(self, rollout: Rollout) -> Callable[[str], tuple[dict[str, str], list[str]]]:
-        """`lambda host: self(host, rollout.admits)`, with each release's state and admitted hosts
-        looked up once rather than once per host."""
+    def admitted_by(self, rollout: Rollout) -> Callable[[str], tuple[str, ...]]:
+        """host -> the releases `rollout` admits on it (what `rollout.admits` says), with each release's
+        state and admitted hosts looked up once rather than once per host."""
         gates: list[tuple[str, frozenset[str] | None]] = []
         for rid in self.release_ids:
             st = rollout.state(rid)
@@ -262,17 +263,17 @@ class Visits:
                 gates.append((rid, rollout.admitted(rid, st.phase)))
         if all(adm is None for _, adm in gates):  # every host gets the same: no per-host look at all
             every = tuple(rid for rid, _ in gates)
-            return lambda host: self._for(every)
-        return lambda host: self._for(tuple(rid for rid, adm in gates if adm is None or host in adm))
+            return lambda host: every
+        return lambda host: tuple(rid for rid, adm in gates if adm is None or host in adm)
 
-    def _for(self, key: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
-        if key not in self._memo:
-            rels = [self.by_id[r] for r in key]
+    def steps(self, admitted: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+        """(release id, component, version) in apply order for a set of admitted releases; shared."""
+        if admitted not in self._memo:
+            rels = [self.by_id[r] for r in admitted]
             order = apply_order([r.component for r in rels], self.rules, self.order)
             comp = {r.component: r for r in rels}
-            self._memo[key] = {c: comp[c].version for c in order}, [comp[c].id for c in order]
-        targets, ids = self._memo[key]
-        return dict(targets), list(ids)
+            self._memo[admitted] = tuple((comp[c].id, c, comp[c].version) for c in order)
+        return self._memo[admitted]
 
 
 def broken_rules(rules: list[Rule], versions: dict[str, str]) -> list[Rule]:
@@ -364,17 +365,17 @@ def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: L
         if j.state == "running":
             for n in j.hosts:
                 running.setdefault(n, set()).add(j.id)
-    visit = Visits(config, train.releases).with_rollout(rollout)
+    visits = Visits(config, train.releases)
+    admitted = visits.admitted_by(rollout)
+    estimates: dict[frozenset[str], float] = {}
     stops: list[dict[str, Any]] = []
     for d in config.train_domains(train):
         work: dict[str, list[str]] = {}
-        targets: dict[str, dict[str, str]] = {}
         for name in d.hosts:
             h = live[name]
-            t, ids = visit(name)
-            targets[name] = t
             if h.state not in BROKEN_STATES:
-                todo = [i for i in ids if h.versions.get(rollout.by_id[i].component) != rollout.by_id[i].version]
+                have = h.versions
+                todo = [rid for rid, c, v in visits.steps(admitted(name)) if have.get(c) != v]
                 if todo:
                     work[name] = todo
         if not work:
@@ -384,14 +385,18 @@ def plan_train(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: L
         groups: dict[str, list[str]] = {}
         for n, ids in work.items():
             groups.setdefault("+".join(ids), []).append(n)
-        # the estimate depends only on which components are pending: one host per distinct set of them
-        # gives the same figure as every workable host (without a Step per host and component)
-        workable = [live[v[0]] for v in groups.values()]
+        # the estimate depends only on which releases are pending: one host per distinct set of them gives
+        # the same figure as every workable host, and domains with the same sets share it
+        pending = frozenset(groups)
+        if pending not in estimates:
+            workable = [live[v[0]] for v in groups.values()]
+            estimates[pending] = stop_estimate_s(
+                config, lambda h: {c: v for _, c, v in visits.steps(admitted(h.name))}, workable)
         stops.append({
             "domain": d.name, "skip": False, "sku": d.sku, "hosts": len(d.hosts), "hosts_to_upgrade": len(work),
             "releases": {k: sorted(v) for k, v in groups.items()},
             "jobs_to_checkpoint": jobs,
-            "estimate_s": round(stop_estimate_s(config, lambda h, t=targets: t[h.name], workable), 1),  # type: ignore[misc]
+            "estimate_s": round(estimates[pending], 1),
         })
     lowest = 1.0
     floor = {}

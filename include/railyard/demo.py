@@ -21,7 +21,7 @@ from railyard.fleet.http import HttpFleet
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
 from railyard.planning import pending_steps
-from railyard.reconcile import AirflowApi, dag_id_for, owner_of, reconcile
+from railyard.reconcile import dag_id_for, owner_of
 from railyard.stack import ROOT, Stack, running, session_of, start_ticks, stop_session
 
 TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
@@ -171,11 +171,16 @@ def main(once: bool = False) -> int:
         stack.ensure_pool()
         print(f"UI: {stack.api}  login: admin / {stack.password}", flush=True)
         led = demo_ledger(stack)
-        if left:  # their runs died with the Airflow before this one: finish their stops safely first
-            stack.wait_dag(dag_id_for(train_id))
-            for r in reconcile(stack.config, fleet, led, AirflowApi(stack.api, token=stack.token()),
-                               say=lambda m: print(f"  {m}", flush=True)):
-                print(f"  {r['op']}: {r['action']} ({r['why']})", flush=True)
+        if left:  # their runs died with the Airflow before this one: the reconciler finishes their stops first
+            print("finishing the stops of the earlier demo (railyard_reconcile) ...", flush=True)
+            stack.wait_dag("railyard_reconcile")
+            rec = stack.trigger("railyard_reconcile")
+            state = stack.wait_run("railyard_reconcile", rec, 1800)
+            for o in left:
+                now = led.operation(o["id"]) or {}
+                held = led.holdings(o["id"])
+                print(f"  {o['id']}: {'closed' if not held else 'still holds ' + str(len(held)) + ' host(s)'} "
+                      f"({now.get('state')}; reconciler run {state})", flush=True)
         print(f"triggering train {train_id!r} ...", flush=True)
         result = run_train(stack, fleet, train_id, ledger=led)
         print(

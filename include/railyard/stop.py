@@ -525,6 +525,9 @@ class Stop:
             return ok == len(back), f"returned {ok}/{len(back)}"
 
         self._wait("return", self.timeouts.return_s, probe)
+        # hosts that another run of this teardown returned meanwhile (two reconcilers) are on their way too
+        self._wait("return", self.timeouts.return_s, lambda: (
+            not [h for h in self.fleet.hosts(self.held()) if h.state == HostState.RETURNING], "returning"))
         final = self.fleet.hosts(self.held())
         out = [h.name for h in final if h.state not in (HostState.SERVING, *BROKEN_STATES)]
         if out:

@@ -83,7 +83,7 @@ def test_a_demo_killed_mid_stop_is_finished_by_the_next_demo(tmp_path):
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "kept: 1 operation(s) of an earlier demo" in out, out[-4000:]
-    assert f"{old_op}: closed (its run railyard_train_demo/" in out and "is deleted)" in out, out[-4000:]
+    assert f"{old_op}: closed (done; reconciler run success)" in out, out[-4000:]
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary["state"] == "success" and summary["unverified_returns"] == 0, summary
     assert summary["upgraded"] + summary["offboarded"] == summary["hosts"] == 12, summary
@@ -92,6 +92,9 @@ def test_a_demo_killed_mid_stop_is_finished_by_the_next_demo(tmp_path):
     assert all(op.startswith("repair/") for op in led.holdings().values()), led.holdings()
     acts = [a["action"] for a in led.audit_rows(old_op)]
     assert "reconcile" in acts and acts[-1] in ("release", "offboard"), acts
+    rec = next(a for a in led.audit_rows(old_op) if a["action"] == "reconcile")
+    assert "is deleted" in rec["reason"] and rec["actor"] == "reconciler"  # its run died with the old Airflow
+    assert "reconcile_failed" not in acts
     left = [p for p in psutil.process_iter(["environ"])
             if (p.info.get("environ") or {}).get("RAILYARD_DEMO_HOME") == str(home)]
     assert not left, [p.pid for p in left]  # the second demo stopped everything it started

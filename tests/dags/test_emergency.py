@@ -66,3 +66,26 @@ def test_a_host_scoped_emergency_touches_only_its_hosts(train_env):
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
     assert led.holdings() == {}
     assert any(r["action"] == "checkpoint_skipped" and "GPU-hours at risk" in r["reason"] for r in led.audit_rows())
+
+
+def test_an_emergency_that_would_break_an_equals_rule_is_refused_before_anything_is_touched(train_env):
+    """The hotfix driver without its fabric manager, under `fabric-manager == gpu-driver`: the plan
+    task refuses it, names the rule and the hosts, and no stop runs."""
+    data = config_with_hotfix()
+    data["components"].append({"name": "fabric-manager", "duration_s": 60})
+    data["simulator"]["initial_versions"]["fabric-manager"] = data["simulator"]["initial_versions"]["gpu-driver"]
+    data["releases"].append({"id": "fm-570", "component": "fabric-manager", "version": "570.86.15"})
+    data["trains"][0]["releases"].append("fm-570")  # the train moves both together
+    data["compatibility"] = {"rules": ["fabric-manager == gpu-driver"]}
+    _stack, fleet, tmp = train_env(data)
+    before = {h.name: (h.state, h.versions) for h in fleet.hosts()}
+    conf = {"releases": ["driver-575-hotfix"], "domains": ["pod-b"], "reason": "CVE-2026-4242 in the driver"}
+    dr = load_dag("railyard_emergency").test(run_conf=conf)
+    st = states(dr)
+    assert dr.state == "failed" and st["plan"] == "failed"
+    assert all(v in ("upstream_failed", None) for k, v in st.items() if k != "plan"), st
+    assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    (row,) = [r for r in led.audit_rows() if r["action"] == "emergency_refused"]
+    assert "fabric-manager == gpu-driver" in row["reason"] and "gpu-b01" in row["reason"]
+    assert led.holdings() == {} and led.operations_like("emergency/") == []

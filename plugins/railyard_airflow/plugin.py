@@ -1,14 +1,21 @@
-"""RailyardPlugin: what Railyard adds to Airflow's own processes (the api-server's audit middleware)."""
+"""RailyardPlugin: what Railyard adds to Airflow's own processes: the api-server's audit middleware, and
+the Railyard page (a FastAPI app under /railyard, shown in the navigation as an external view)."""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
 from railyard_airflow.audit import AuditMiddleware
+from railyard_airflow.ui.app import create_app
 
 
 class RailyardPlugin(AirflowPlugin):
     name = "railyard"
     fastapi_root_middlewares = [
         {"middleware": AuditMiddleware, "args": [], "kwargs": {}, "name": "railyard-audit"},
+    ]
+    fastapi_apps = [{"app": create_app(), "url_prefix": "/railyard", "name": "Railyard"}]
+    external_views = [
+        {"name": "Railyard", "href": "/railyard/", "destination": "nav", "url_route": "railyard",
+         "nav_top_level": True},
     ]

@@ -1,0 +1,193 @@
+"""The Railyard page's FastAPI app, mounted by `RailyardPlugin` under /railyard in Airflow's api-server.
+
+Airflow serves a plugin's app without authentication, so every route here asks Airflow's auth manager
+itself: `get_user` (the UI's `_token` cookie or a bearer token) for every read — anyone logged in may
+read — and, for every control, the permission to create runs of the Railyard DAGs (what triggering
+`railyard_emergency` takes). Controls need a reason of at least 10 characters; every control and every
+refusal lands in the ledger's audit with the Airflow user.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from railyard_airflow.ui import views
+
+log = logging.getLogger("railyard.ui")
+STATIC = Path(__file__).parent / "static"
+CONTROL_DAG = "railyard_emergency"  # acting on the fleet takes the right to trigger Railyard's DAGs
+MIN_REASON = 10
+
+
+class Sources:
+    """Config, fleet and ledger of this process, built on first use (the api-server imports plugins early)."""
+
+    @property
+    def config(self) -> Any:
+        from railyard_airflow.context import config
+
+        return config()
+
+    @property
+    def ledger(self) -> Any:
+        from railyard_airflow.context import ledger
+
+        return ledger(self.config.ledger.url)
+
+    @property
+    def fleet(self) -> Any:
+        return _fleet(self.config.fleet.connection)
+
+
+@lru_cache(maxsize=2)
+def _fleet(conn_id: str) -> Any:
+    from railyard_airflow.hooks.fleet import FleetHook
+
+    return FleetHook(conn_id).get_conn()
+
+
+def may_act(user: Any) -> bool:
+    """Airflow's auth manager: may this user create runs of the Railyard DAGs?"""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    return bool(get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
+                                                     details=DagDetails(id=CONTROL_DAG), user=user))
+
+
+def user_name(user: Any) -> str:
+    try:
+        return str(user.get_name())
+    except Exception:
+        return str(getattr(user, "username", "unknown"))
+
+
+User = Annotated[Any, Depends(get_user)]
+
+
+class Reason(BaseModel):
+    reason: str = Field(default="", description=f"why (at least {MIN_REASON} characters)")
+
+
+class FreezeBody(Reason):
+    on: bool
+
+
+class LeaseBody(Reason):
+    op: str
+    to_repair: bool = False
+
+
+def create_app(sources: Sources | None = None) -> FastAPI:
+    app = FastAPI(title="Railyard", description="The fleet at a glance, and Railyard's controls",
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sources = sources or Sources()
+    app.state.may_act = may_act
+
+    def src(request: Request) -> Sources:
+        return request.app.state.sources  # type: ignore[no-any-return]
+
+    def control(request: Request, user: Any, what: str, reason: str) -> tuple[Sources, str]:
+        """A control's gate: the user's right to act, then the reason. Refusals are audited."""
+        s = src(request)
+        name = user_name(user)
+        if not request.app.state.may_act(user):
+            s.ledger.note(None, "ui_refused", [], f"{what}: {name} may not trigger Railyard DAGs (HTTP 403): "
+                          f"{reason.strip()[:200]}", actor=name)
+            raise HTTPException(403, f"{name} may not act on Railyard: it takes the permission to trigger "
+                                     f"Railyard DAGs ({CONTROL_DAG})")
+        if len(reason.strip()) < MIN_REASON:
+            s.ledger.note(None, "ui_refused", [], f"{what}: no reason (HTTP 422)", actor=name)
+            raise HTTPException(422, f"reason: say why in at least {MIN_REASON} characters (value: {reason!r})")
+        return s, name
+
+    @app.get("/", include_in_schema=False)
+    def page(user: User) -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/me")
+    def me(request: Request, user: User) -> dict[str, Any]:
+        return {"user": user_name(user), "may_act": bool(request.app.state.may_act(user))}
+
+    @app.get("/api/overview")
+    def overview(request: Request, user: User) -> dict[str, Any]:
+        s = src(request)
+        return views.overview(s.config, s.fleet, s.ledger) | {"user": user_name(user)}
+
+    @app.get("/api/map")
+    def fleet_map(request: Request, user: User) -> dict[str, Any]:
+        s = src(request)
+        return views.fleet_map(s.config, s.fleet.hosts(), s.ledger)
+
+    @app.get("/api/capacity")
+    def capacity(request: Request, user: User) -> dict[str, Any]:
+        s = src(request)
+        return views.capacity(s.config, s.fleet, s.fleet.hosts())
+
+    @app.get("/api/buffers")
+    def buffers(request: Request, user: User) -> list[dict[str, Any]]:
+        s = src(request)
+        return views.buffers(s.config, s.fleet.hosts(), s.ledger)
+
+    @app.get("/api/trains")
+    def trains(request: Request, user: User) -> list[dict[str, Any]]:
+        s = src(request)
+        return views.trains(s.config, s.ledger, s.fleet.now())
+
+    @app.get("/api/releases")
+    def releases(request: Request, user: User) -> dict[str, Any]:
+        s = src(request)
+        return views.releases(s.config, s.ledger, s.fleet.hosts(), s.fleet.now())
+
+    @app.get("/api/operations")
+    def operations(request: Request, user: User) -> dict[str, Any]:
+        return views.operations(src(request).ledger)
+
+    @app.get("/api/hosts/{host}")
+    def host(request: Request, host: str, user: User) -> dict[str, Any]:
+        s = src(request)
+        if host not in s.config.host_domain():
+            raise HTTPException(404, f"host: unknown host {host!r}")
+        return views.host_history(s.ledger, host)
+
+    @app.post("/api/freeze")
+    def freeze(request: Request, body: FreezeBody, user: User) -> dict[str, Any]:
+        s, name = control(request, user, f"freeze {'on' if body.on else 'off'}", body.reason)
+        s.ledger.set_switch("freeze", body.on, reason=f"{body.reason.strip()} (from the Railyard page)", actor=name)
+        return views.operations(s.ledger)["freeze"]
+
+    @app.post("/api/releases/{rid}/{action}")
+    def release_action(request: Request, rid: str, action: Literal["promote", "halt", "resume"], body: Reason,
+                       user: User) -> dict[str, Any]:
+        from railyard.releases import ReleaseError, Rollout
+
+        s, name = control(request, user, f"release {action} {rid}", body.reason)
+        if rid not in {r.id for r in s.config.releases}:
+            raise HTTPException(404, f"release: unknown release {rid!r}")
+        try:
+            st = Rollout(s.config, s.ledger).act(action, rid, reason=body.reason.strip(), actor=name,
+                                                 now=s.fleet.now())
+        except ReleaseError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return {"release": rid, "phase": st.phase, "halted": st.halted, "reason": st.reason}
+
+    @app.post("/api/lease/release")
+    def lease_release(request: Request, body: LeaseBody, user: User) -> dict[str, Any]:
+        from railyard.ops import ControlError, release_lease
+
+        s, name = control(request, user, f"lease release {body.op}", body.reason)
+        try:
+            return release_lease(s.config, s.fleet, s.ledger, body.op, reason=body.reason.strip(), actor=name,
+                                 to_repair=body.to_repair)
+        except ControlError as exc:
+            raise HTTPException(409, str(exc)) from None
+
+    return app

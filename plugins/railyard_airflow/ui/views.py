@@ -1,0 +1,174 @@
+"""What the Railyard page shows, as JSON: built from the config, the fleet and the ledger only
+(no Airflow imports), so the same functions serve the page and the unit tests on an in-process fleet."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+from urllib.parse import quote
+
+from railyard.config import RailyardConfig
+from railyard.fleet.port import Fleet
+from railyard.ledger import Ledger
+from railyard.models import BROKEN_STATES, Host, HostState
+from railyard.planning import budget_for
+from railyard.reconcile import owner_of
+from railyard.releases import Rollout, drift
+
+HISTORY_POINTS = 600  # capacity samples sent to the page (the newest)
+
+
+def run_link(op: dict[str, Any] | None) -> str | None:
+    """The Airflow UI path of the run behind an operation (None for repairs and operations of no run)."""
+    if not op:
+        return None
+    owner = owner_of(op)
+    if owner is None:
+        return None
+    dag, run = owner
+    return f"/dags/{dag}/runs/{quote(run, safe='')}"
+
+
+def fleet_map(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> dict[str, Any]:
+    """Domains -> hosts with state, the operation holding each and a link to its Airflow run."""
+    held = ledger.holdings()
+    ops = {o["id"]: o for o in ledger.active_operations()}
+    out_domains = ledger.domains_out()
+    by_name = {h.name: h for h in hosts}
+    domains = []
+    for d in config.domains:
+        row = []
+        for name in d.hosts:
+            h = by_name.get(name)
+            op_id = held.get(name)
+            row.append({
+                "name": name,
+                "state": str(h.state) if h else "unknown",
+                "op": op_id,
+                "run": run_link(ops.get(op_id)) if op_id else None,
+                "reason": h.reason if h else None,
+                "versions": h.versions if h else {},
+            })
+        serving = sum(1 for x in row if x["state"] == HostState.SERVING)
+        domains.append({"name": d.name, "sku": d.sku, "hosts": row, "serving": serving,
+                        "out": d.name in out_domains, "held_by": out_domains.get(d.name)})
+    counts = Counter(str(h.state) for h in hosts)
+    return {"domains": domains, "by_state": dict(sorted(counts.items())), "total": len(hosts)}
+
+
+def capacity(config: RailyardConfig, fleet: Fleet, hosts: list[Host]) -> dict[str, Any]:
+    """Serving fraction now, its history (the fleet's capacity samples when it keeps them), the
+    floor the buffers define and the `1 - max_domains_down/N` line."""
+    total = len(hosts) or 1
+    serving = sum(1 for h in hosts if h.state == HostState.SERVING)
+    floors = {}
+    for sku in sorted({d.sku for d in config.domains}):
+        b = budget_for(config, sku)
+        floors[sku] = (b.total_hosts - b.maintenance_hosts - b.failure_hosts) / max(b.total_hosts, 1)
+    history: list[dict[str, float]] = []
+    samples = getattr(fleet, "samples", None)
+    if callable(samples):
+        try:
+            for s in samples()[-HISTORY_POINTS:]:
+                history.append({"t": float(s["t"]), "serving": s["serving"] / total})
+        except Exception:  # a fleet without a capacity history: the page shows the point now
+            history = []
+    now = fleet.now()
+    history.append({"t": now, "serving": serving / total})
+    n = len(config.domains)
+    return {"now": now, "serving": serving, "total": len(hosts), "fraction": serving / total,
+            "floor": min(floors.values()) if floors else 0.0, "floor_by_sku": floors,
+            "domains_line": 1 - config.max_domains_down / n if n else 1.0, "history": history}
+
+
+def buffers(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> list[dict[str, Any]]:
+    """Per SKU: the maintenance and failure budget (hosts), used and left. Hosts held by an operation
+    but not broken use the maintenance buffer; broken hosts use the failure buffer."""
+    held = ledger.holdings()
+    out = []
+    for sku in sorted({d.sku for d in config.domains}):
+        b = budget_for(config, sku)
+        pool = [h for h in hosts if h.sku == sku]
+        broken = sum(1 for h in pool if h.state in BROKEN_STATES)
+        maint = sum(1 for h in pool if h.name in held and h.state not in BROKEN_STATES)
+        maint += sum(1 for h in pool if h.name not in held and h.state not in BROKEN_STATES
+                     and h.state != HostState.SERVING)
+        out.append({"sku": sku, "total": b.total_hosts,
+                    "maintenance": {"budget": b.maintenance_hosts, "used": maint, "left": b.maintenance_hosts - maint},
+                    "failure": {"budget": b.failure_hosts, "used": broken, "left": b.failure_hosts - broken}})
+    return out
+
+
+def trains(config: RailyardConfig, ledger: Ledger, now: float) -> list[dict[str, Any]]:
+    """Per train: the last visit of each domain (fleet clock), overdue ones by cycle_days, the schedule."""
+    out = []
+    for t in config.trains:
+        visits = ledger.last_visits(t.id)
+        order = t.domains or [d.name for d in config.domains]
+        rows = []
+        for d in order:
+            last = visits.get(d)
+            age_days = (now - last) / 86400 if last is not None else None
+            overdue = t.cycle_days is not None and (age_days is None or age_days > t.cycle_days)
+            rows.append({"domain": d, "last_visit": last, "age_days": age_days, "overdue": overdue})
+        out.append({"id": t.id, "dag_id": "railyard_train_" + t.id, "schedule": t.schedule,
+                    "cycle_days": t.cycle_days, "domains": rows,
+                    "overdue": [r["domain"] for r in rows if r["overdue"]]})
+    return out
+
+
+def releases(config: RailyardConfig, ledger: Ledger, hosts: list[Host], now: float) -> dict[str, Any]:
+    """Each release's phase, halted or not, failures in its phase against the gate; drift per component."""
+    ro = Rollout(config, ledger)
+    rows = []
+    for r in ro.table():
+        spec = config.releases[[x.id for x in config.releases].index(r["release"])]
+        st = ro.state(spec.id)
+        results: dict[str, bool] = {}
+        for x in ledger.release_results(spec.id):
+            if x["at"] >= st.promoted_at:
+                results[x["host"]] = bool(x["passed"])
+        failed = sum(1 for ok in results.values() if not ok)
+        rows.append(r | {"failures": failed, "results": len(results),
+                         "max_failure_rate": spec.rollout.max_failure_rate if spec.rollout else None,
+                         "phased": spec.rollout is not None,
+                         "at_version": sum(1 for h in hosts if h.versions.get(spec.component) == spec.version)})
+    d = drift(config, hosts, now)
+    comps = {name: {"newest_released": c["newest_released"], "converged_fraction": c["converged_fraction"],
+                    "versions": c["versions"], "oldest_running": c["oldest_running"]}
+             for name, c in d["components"].items()}
+    return {"releases": rows, "drift": comps}
+
+
+def operations(ledger: Ledger) -> dict[str, Any]:
+    ops = []
+    for o in ledger.active_operations():
+        last = o.get("last") or {}
+        ops.append({"id": o["id"], "kind": o["kind"], "hosts": o["hosts"], "created_at": o["created_at"],
+                    "run": run_link(o), "last": {k: last.get(k) for k in ("action", "reason", "actor", "at")}})
+    sw = ledger.switch("freeze")
+    return {"operations": ops, "waiting": [dict(w) for w in ledger.waiting()],
+            "freeze": {"on": sw is not None, **{k: (sw or {}).get(k) for k in ("reason", "actor", "at")}}}
+
+
+def host_history(ledger: Ledger, host: str) -> dict[str, Any]:
+    return ledger.host_history(host)
+
+
+def overview(config: RailyardConfig, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
+    """Everything the page shows, from one read of the fleet."""
+    t0 = time.monotonic()
+    hosts = fleet.hosts()
+    now = fleet.now()
+    out = {
+        "map": fleet_map(config, hosts, ledger),
+        "capacity": capacity(config, fleet, hosts),
+        "buffers": buffers(config, hosts, ledger),
+        "trains": trains(config, ledger, now),
+        "releases": releases(config, ledger, hosts, now),
+        **operations(ledger),
+        "emergency_dag": "railyard_emergency",
+    }
+    out["elapsed_s"] = round(time.monotonic() - t0, 4)
+    return out

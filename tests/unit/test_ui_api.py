@@ -1,0 +1,166 @@
+"""The Railyard page's JSON endpoints and controls, on an in-process simulator and a real ledger.
+
+Authentication is Airflow's own: the requests carry JWTs made by Airflow's SimpleAuthManager (an admin,
+a user and a viewer), the app resolves them with Airflow's `get_user` and asks the auth manager whether
+the user may trigger Railyard DAGs. Nothing of the auth is overridden."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from railyard.config import parse_config
+from railyard.ledger import Ledger
+from railyard.models import HostState
+from railyard.planning import budget_for
+from railyard.sim.engine import SimEngine
+from railyard_airflow.ui import app as ui_app
+from tests.support.configs import small_config
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FixedSources:
+    def __init__(self, config, fleet, ledger) -> None:  # noqa: ANN001
+        self.config, self.fleet, self.ledger = config, fleet, ledger
+
+
+@pytest.fixture(scope="module")
+def auth():
+    """Airflow's SimpleAuthManager, as the api-server builds it; JWTs for three roles."""
+    from airflow import settings
+    from airflow.api_fastapi.app import create_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.models.revoked_token import RevokedToken
+
+    RevokedToken.__table__.create(settings.engine, checkfirst=True)  # what a token check reads
+    am = create_auth_manager()
+    tokens = {role: am.generate_jwt(SimpleAuthManagerUser(username=f"{role}-1", role=role))
+              for role in ("admin", "user", "viewer")}
+    return tokens
+
+
+@pytest.fixture
+def world(tmp_path, auth):
+    data = small_config(domains=3, hosts_per_domain=4)
+    data["releases"][0]["rollout"] = {"staged_fraction": 0.5, "soak_s": 0}
+    cfg = parse_config(data)
+    fleet = SimEngine(cfg, None, clock=Clock())
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    client = TestClient(ui_app.create_app(FixedSources(cfg, fleet, ledger)))
+    return cfg, fleet, ledger, client
+
+
+def as_(auth, role: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {auth[role]}"}
+
+
+def test_every_route_refuses_a_caller_not_logged_in(world) -> None:
+    *_, client = world
+    for path in ("/", "/api/overview", "/api/map", "/api/capacity", "/api/buffers", "/api/trains",
+                 "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/me"):
+        assert client.get(path).status_code == 401, path
+    assert client.post("/api/freeze", json={"on": True, "reason": "a reason long enough"}).status_code == 401
+    assert client.get("/api/overview", headers={"Authorization": "Bearer not-a-jwt"}).status_code in (401, 403)
+    assert client.get("/api/overview", cookies={"_token": "forged"}).status_code in (401, 403)
+
+
+def test_a_leased_domain_shows_out_with_its_operation_and_run(world, auth) -> None:
+    cfg, fleet, ledger, client = world
+    hosts = list(cfg.domain("pod-b").hosts)
+    op = "demo/manual__2026-01-01T00:00:00+00:00/pod-b"
+    assert ledger.acquire_domain(op, train="demo", domain="pod-b", hosts=hosts, budget=budget_for(cfg)).granted
+    fleet.drain(hosts, op)
+    fleet.offboard("gpu-c02", "DCGM diag level 2 failed: XID 79", "repair/gpu-c02")
+    r = client.get("/api/overview", headers=as_(auth, "viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    doms = {d["name"]: d for d in body["map"]["domains"]}
+    assert doms["pod-b"]["out"] and doms["pod-b"]["held_by"] == op and not doms["pod-a"]["out"]
+    b1 = doms["pod-b"]["hosts"][0]
+    assert b1["state"] in (HostState.DRAINING, HostState.DRAINED) and b1["op"] == op
+    assert b1["run"] == "/dags/railyard_train_demo/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    c2 = next(h for h in doms["pod-c"]["hosts"] if h["name"] == "gpu-c02")
+    assert c2["state"] == "repair" and "XID 79" in c2["reason"]
+    cap = body["capacity"]
+    assert cap["total"] == 12 and cap["serving"] == 7 and cap["fraction"] == pytest.approx(7 / 12)
+    assert cap["domains_line"] == pytest.approx(2 / 3)
+    assert cap["floor"] == pytest.approx((12 - 4 - 2) / 12)
+    assert cap["history"][0]["serving"] == 1.0 and cap["history"][-1]["serving"] == pytest.approx(7 / 12)
+    [buf] = body["buffers"]
+    assert buf["maintenance"] == {"budget": 4, "used": 4, "left": 0}
+    assert buf["failure"] == {"budget": 2, "used": 1, "left": 1}
+    assert [o["id"] for o in body["operations"]] == [op]
+    assert body["operations"][0]["run"].startswith("/dags/railyard_train_demo/runs/")
+    rel = {r["release"]: r for r in body["releases"]["releases"]}
+    assert rel["driver-570"]["phased"] and rel["driver-570"]["phase"] == "canary" and not rel["driver-570"]["halted"]
+    assert body["releases"]["drift"]["gpu-driver"]["versions"] == {"550.127.08": 12}
+    assert body["trains"][0]["id"] == "demo" and len(body["trains"][0]["domains"]) == 3
+    assert body["freeze"]["on"] is False and body["user"] == "viewer-1"
+
+
+def test_a_viewer_reads_but_every_control_is_refused_and_audited(world, auth) -> None:
+    _cfg, _fleet, ledger, client = world
+    assert client.get("/api/me", headers=as_(auth, "viewer")).json() == {"user": "viewer-1", "may_act": False}
+    for path, body in (("/api/freeze", {"on": True, "reason": "viewer tries to freeze"}),
+                       ("/api/releases/driver-570/halt", {"reason": "viewer tries to halt"}),
+                       ("/api/lease/release", {"op": "x/y/z", "reason": "viewer tries to release"})):
+        r = client.post(path, json=body, headers=as_(auth, "viewer"))
+        assert r.status_code == 403, (path, r.text)
+    refused = [a for a in ledger.audit_rows() if a["action"] == "ui_refused"]
+    assert len(refused) == 3 and {a["actor"] for a in refused} == {"viewer-1"}
+    assert "viewer tries to freeze" in refused[0]["reason"]
+    assert ledger.switch("freeze") is None
+
+
+def test_controls_need_a_reason_and_are_audited_with_the_user(world, auth) -> None:
+    cfg, fleet, ledger, client = world
+    assert client.get("/api/me", headers=as_(auth, "user")).json()["may_act"] is True
+    r = client.post("/api/freeze", json={"on": True, "reason": "short"}, headers=as_(auth, "user"))
+    assert r.status_code == 422 and "10 characters" in r.text
+    assert ledger.switch("freeze") is None
+    r = client.post("/api/freeze", json={"on": True, "reason": "change freeze for the launch"},
+                    headers=as_(auth, "user"))
+    assert r.status_code == 200 and r.json()["on"] is True
+    sw = ledger.switch("freeze")
+    assert sw["actor"] == "user-1" and "change freeze for the launch" in sw["reason"]
+    r = client.post("/api/freeze", json={"on": False, "reason": "launch is over, thaw"}, headers=as_(auth, "admin"))
+    assert r.status_code == 200 and ledger.switch("freeze") is None
+    assert [a["actor"] for a in ledger.audit_rows() if a["action"] in ("freeze_on", "freeze_off")] == ["user-1", "admin-1"]
+
+    r = client.post("/api/releases/driver-570/halt", json={"reason": "bad XIDs on the canary"}, headers=as_(auth, "admin"))
+    assert r.status_code == 200 and r.json()["halted"] is True
+    r = client.post("/api/releases/driver-570/promote", json={"reason": "try to promote it"}, headers=as_(auth, "admin"))
+    assert r.status_code == 409 and "halted" in r.text
+    r = client.post("/api/releases/driver-570/resume", json={"reason": "fixed by a new image"}, headers=as_(auth, "admin"))
+    assert r.status_code == 200 and r.json()["halted"] is False
+    assert client.post("/api/releases/nope/halt", json={"reason": "no such release"},
+                       headers=as_(auth, "admin")).status_code == 404
+    acts = [(a["action"], a["actor"]) for a in ledger.audit_rows() if a["action"].startswith("release_")]
+    assert ("release_halt", "admin-1") in acts and ("release_resume", "admin-1") in acts
+
+    # a lease whose hosts are out is released only to repair (ops.release_lease's rules)
+    hosts = list(cfg.domain("pod-a").hosts)
+    op = "demo/run-9/pod-a"
+    assert ledger.acquire_domain(op, train="demo", domain="pod-a", hosts=hosts, budget=budget_for(cfg)).granted
+    ledger.open_operation(op, kind="train_stop", detail={}, actor="train:demo", action="open", reason="test")
+    fleet.drain(hosts, op)
+    r = client.post("/api/lease/release", json={"op": op, "reason": "run is gone, free it"}, headers=as_(auth, "admin"))
+    assert r.status_code == 409 and "out of service" in r.text
+    assert ledger.holdings(op)
+
+
+def test_host_history_and_the_page(world, auth) -> None:
+    _cfg, _fleet, ledger, client = world
+    ledger.note(None, "probe", ["gpu-a01"], "looked at it", actor="admin-1")
+    r = client.get("/api/hosts/gpu-a01", headers=as_(auth, "viewer"))
+    assert r.status_code == 200 and r.json()["events"][-1]["reason"] == "looked at it"
+    assert client.get("/api/hosts/nope", headers=as_(auth, "viewer")).status_code == 404
+    page = client.get("/", headers=as_(auth, "viewer"))
+    assert page.status_code == 200 and "<svg" in page.text and "Railyard" in page.text

@@ -114,6 +114,16 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
     return dag
 
 
+HOST_PICK_MAX = 4096  # beyond, the form takes typed host names only (a list of 75,000 is no picker)
+
+
+def _host_pick(config: RailyardConfig) -> dict[str, object]:
+    """The emergency form's host picker: `examples` render as a multi-select of every host in Airflow's
+    form; free text stays possible, and `plan` refuses an unknown host with its name, before any host is touched."""
+    names = sorted(config.host_domain())
+    return {"examples": names} if len(names) <= HOST_PICK_MAX else {}
+
+
 def build_emergency_dag(path: str | None = None) -> DAG:
     """Triggered by hand from the UI with a form. `plan` validates the form and records who asked;
     then one slot per possible stop takes the plan's stops. Slots run side by side: the ledger lets
@@ -128,8 +138,9 @@ def build_emergency_dag(path: str | None = None) -> DAG:
                           description="the release(s) to apply now"),
         "domains": Param([], type="array", items={"type": "string", "enum": domains},
                          description="whole domains in scope"),
-        "hosts": Param([], type="array", items={"type": "string"},
-                       description="single hosts in scope (plain host names)"),
+        "hosts": Param([], type="array", items={"type": "string"}, **_host_pick(config),
+                       description="single hosts in scope (picked from the fleet's hosts); domains or hosts, "
+                                   "or both"),
         "reason": Param(None, type=["null", "string"], description="why (required; at least 10 characters)"),
         "skip_checkpoint": Param(False, type="boolean",
                                  description="drain without waiting for job checkpoints (the cost is recorded)"),

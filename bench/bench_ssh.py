@@ -48,6 +48,19 @@ def railyard_once(farm: SshdFarm, cfg, command: str) -> tuple[float, int]:
     return dt, ok
 
 
+def floor_once(farm: SshdFarm, cfg, command: str) -> tuple[float, int]:  # noqa: ANN001
+    """The floor: the same command on one host over one fresh connection (what the fan-out's
+    slowest host would cost if the hosts did not share the machine)."""
+    creds = Credentials(farm.user, str(farm.client_key), str(farm.known_hosts))
+    runner = SshRunner.from_config(cfg, paramiko_connector(creds, connect_timeout=30))
+    host = next(iter(farm.hosts))
+    t0 = time.perf_counter()
+    rc, _out = runner.run(host, command, timeout=60)
+    dt = time.perf_counter() - t0
+    runner.close()
+    return dt, int(rc == 0)
+
+
 def inventory(farm: SshdFarm, path: Path) -> None:
     lines = ["[gpu]"]
     for n, h in farm.hosts.items():
@@ -96,9 +109,12 @@ def main() -> dict:
         play = root / "upgrade.yml"
         play.write_text(f"- hosts: all\n  gather_facts: false\n  tasks:\n    - command: {command}\n")
         have_ansible = ANSIBLE.exists()
-        rows: dict[str, list[float]] = {"railyard": [], "ansible": [], "ansible-playbook": []}
+        rows: dict[str, list[float]] = {"floor (1 host)": [], "railyard": [], "ansible": [], "ansible-playbook": []}
         oks: dict[str, list[int]] = {k: [] for k in rows}
         for _ in range(REPS):
+            dt, ok = floor_once(farm, cfg, command)
+            rows["floor (1 host)"].append(dt)
+            oks["floor (1 host)"].append(ok * HOSTS)
             dt, ok = railyard_once(farm, cfg, command)
             rows["railyard"].append(dt)
             oks["railyard"].append(ok)
@@ -119,7 +135,11 @@ def main() -> dict:
                "railyard_s": round(med["railyard"], 3),
                "ansible_adhoc_s": round(med["ansible"], 3) if "ansible" in med else None,
                "ansible_playbook_s": round(med["ansible-playbook"], 3) if "ansible-playbook" in med else None,
+               "floor_one_host_s": round(med["floor (1 host)"], 3),
+               "railyard_over_floor": round(med["railyard"] / med["floor (1 host)"], 2),
                "all_hosts_ok": all(o == HOSTS for v in oks.values() for o in v)}
+        print(f"  Railyard's {HOSTS}-host fan-out / one host over one fresh connection = "
+              f"{out['railyard_over_floor']}x (goal: <= 1.5x)")
         if "ansible" in med:
             out["ansible_adhoc_over_railyard"] = round(med["ansible"] / med["railyard"], 2)
             out["ansible_playbook_over_railyard"] = round(med["ansible-playbook"] / med["railyard"], 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from railyard.models import BROKEN_STATES, Host, HostState, Job
 from railyard.planning import budget_for, pending_steps, pool_hosts, stop_estimate_s
 
 log = logging.getLogger("railyard.stop")
+LAUNCH_AT_ONCE = 32  # hosts whose install or check is launched side by side (SSH: one connection each)
 TEND_EVERY_S = 5.0  # how often a waiting step relaunches its own detached work that is not running
 
 
@@ -144,6 +146,21 @@ class Stop:
                 "(the capacity wait must grant the domain first)"
             )
         return held
+
+    @staticmethod
+    def _each(names: list[str], launch: Callable[[str], object]) -> None:
+        """`launch(host)` for every host side by side: a domain's installs and checks start together,
+        not one host (one SSH connection) after another. Every launch is tried; then the first error
+        is raised."""
+        if len(names) <= 1:
+            for n in names:
+                launch(n)
+            return
+        with ThreadPoolExecutor(max_workers=min(LAUNCH_AT_ONCE, len(names))) as pool:
+            errors = [f.exception() for f in [pool.submit(launch, n) for n in names]]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def _wait(self, what: str, timeout: float, probe: Callable[[], tuple[bool, str]]) -> None:
         deadline = self.clock() + timeout
@@ -384,13 +401,11 @@ class Stop:
         self._wait("in-flight work", self.timeouts.upgrade_s, lambda: (
             not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
             "waiting for work in flight"))
-        started: list[str] = []
-        for h in self.fleet.hosts(held):
-            if h.name not in self.ledger.holdings(self.op_id):
-                continue  # taken over meanwhile (an emergency): not ours to touch any more
-            if h.state == HostState.DRAINED and h.last_error is None and pending_steps(self.targets_for(h.name), h):
-                self.fleet.upgrade(h.name, pending_steps(self.targets_for(h.name), h), self.op_id)
-                started.append(h.name)
+        mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
+        work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self.fleet.hosts(held)
+                if h.name in mine and h.state == HostState.DRAINED and h.last_error is None}
+        started = [n for n, steps in work.items() if steps]
+        self._each(started, lambda n: self.fleet.upgrade(n, work[n], self.op_id))
         if started:
             self.ledger.note(self.op_id, "upgrade", started, _fmt_targets(self.targets), actor=self.actor)
 
@@ -418,11 +433,9 @@ class Stop:
         todo_hosts = {h.name: h for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)}
         todo = list(todo_hosts)
         expect = {n: self.expected(h) for n, h in todo_hosts.items()}
-        for name in todo:
-            if name not in self.ledger.holdings(self.op_id):
-                continue  # taken over meanwhile
-            if self.ledger.verification(self.op_id, name) is None:
-                self.fleet.start_check(name, expect[name], self.op_id)
+        mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
+        start = [n for n in todo if n in mine and self.ledger.verification(self.op_id, n) is None]
+        self._each(start, lambda n: self.fleet.start_check(n, expect[n], self.op_id))
 
         def probe() -> tuple[bool, str]:
             res = self.fleet.check_results(todo, self.op_id) if todo else []

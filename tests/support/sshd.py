@@ -179,7 +179,23 @@ class SshdFarm:
         self.wait_ready(10)
 
     def _kill(self, h: SshdHost) -> None:
+        import psutil
+
+        # the per-connection sshd processes of clients still connected (pooled connections) go too
+        leaders = [p for p in (h.proc.pid if h.proc is not None else None, self._restarted_pid(h)) if p]
+        sessions: list[psutil.Process] = []
+        for pid in leaders:
+            try:
+                sessions += psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                pass
         self._kill_restarted(h)
+        for p in sessions:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(sessions, timeout=5)
         if h.proc is not None and h.proc.poll() is None:
             h.proc.send_signal(signal.SIGTERM)
             try:
@@ -189,13 +205,17 @@ class SshdFarm:
                 h.proc.wait(timeout=5)
         h.proc = None
 
-    def _kill_restarted(self, h: SshdHost) -> None:
-        """An sshd that a stand-in reboot started again (daemonized, known only by its pid file)."""
+    def _restarted_pid(self, h: SshdHost) -> int | None:
         try:
             pid = int((h.dir / "sshd.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
-            return
-        if h.proc is not None and pid == h.proc.pid:
+            return None
+        return None if h.proc is not None and pid == h.proc.pid else pid
+
+    def _kill_restarted(self, h: SshdHost) -> None:
+        """An sshd that a stand-in reboot started again (daemonized, known only by its pid file)."""
+        pid = self._restarted_pid(h)
+        if pid is None:
             return
         try:
             if "sshd" in Path(f"/proc/{pid}/cmdline").read_text():

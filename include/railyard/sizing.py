@@ -51,7 +51,8 @@ class JobClass(Strict):
 
 class JobsModel(Strict):
     sizes: list[JobClass] = Field(min_length=1)
-    utilization: float = Field(default=0.9, gt=0, le=1, description="of the hosts outside the buffers")
+    utilization: float = Field(default=0.9, gt=0, le=1, description="share of the hosts outside the failure "
+                               "buffer that jobs use with no maintenance buffer; the buffer comes out of it")
     checkpoint_interval_s: float = Field(default=1800, gt=0)
     checkpoint_s: float = Field(default=60, ge=0, description="time a job spends writing a checkpoint")
     restart_s: float = Field(default=600, ge=0, description="time a job takes to restart elsewhere")
@@ -272,9 +273,9 @@ def evaluate(inp: SizingInput, n: int, pools: dict[str, list[UnitSpec]] | None =
             t_stop = stop_seconds(inp.work, size)
             stops_gpu_h += k * size * t_stop / HOUR * g
             train_s += k * t_stop
-        # jobs fill `utilization` of what the buffers leave; a stop of D hosts touches the jobs of size J
+        # jobs fill `utilization` of the hosts outside the failure buffer, less the maintenance buffer; a stop of D hosts touches the jobs of size J
         # that overlap it: share x busy x (D + J - 1) / J of them, summed over the pool's domains
-        busy = inp.jobs.utilization * max(0.0, 1 - down * dmax / h - inp.failure_buffer_fraction)
+        busy = max(0.0, inp.jobs.utilization * (1 - inp.failure_buffer_fraction) - down * dmax / h)
         for c in inp.jobs.sizes:
             j = min(c.hosts, h)
             w = c.share / sum(x.share for x in inp.jobs.sizes)
@@ -346,7 +347,7 @@ def analytic_optimum(inp: SizingInput) -> float | None:
     u, fb = inp.jobs.utilization, inp.failure_buffer_fraction
     total = sum(c.share for c in inp.jobs.sizes)
     jbar = sum(c.share / total * min(c.hosts, h) for c in inp.jobs.sizes)
-    a = m * h * g * (t - u * k)
+    a = m * h * g * (t - k)
     b = u * g * k * (1 - fb) * (jbar - 1)
     if a <= 0 or b <= 0:
         return None

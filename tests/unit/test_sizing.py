@@ -32,9 +32,9 @@ def one_pool(checkpoint: bool = True, **jobs: object) -> dict[str, object]:
 
 
 def closed_form(n: int, k_s: float) -> float:
-    """cost(N) written out by hand from docs/sizing.md: m*D*T*g + u*(1 - m*D/H - fb)*g*K*(H + N*(J-1))."""
+    """cost(N) written out by hand from docs/sizing.md: m*D*T*g + (u*(1 - fb) - m*D/H)*g*K*(H + N*(J-1))."""
     d, t, g, k = math.ceil(H / n), 7 * 24.0, 8, k_s / 3600
-    return d * t * g + U * (1 - d / H - FB) * g * k * (H + n * (J - 1))
+    return d * t * g + (U * (1 - FB) - d / H) * g * k * (H + n * (J - 1))
 
 
 @pytest.mark.parametrize(("checkpoint", "k_s"), [(True, 600 + 60), (False, 600 + 1800 / 2)])
@@ -43,9 +43,9 @@ def test_the_planner_finds_the_closed_form_optimum(checkpoint: bool, k_s: float)
     feasible = [n for n in range(1, H + 1) if n * 1590 <= 7 * 86400]  # a stop: 60+120+900+180+300+30 s
     want = min(feasible, key=lambda n: (closed_form(n, k_s), n))
     assert p["best"]["domains"] == want
-    # N* = sqrt(a/b): a = m*H*g*(T - u*K), b = u*g*K*(1-fb)*(J-1); the integer optimum sits next to it
+    # N* = sqrt(a/b): a = m*H*g*(T - K), b = u*g*K*(1-fb)*(J-1); the integer optimum sits next to it
     t, k = 7 * 24.0, k_s / 3600
-    n_star = math.sqrt(H * 8 * (t - U * k) / (U * 8 * k * (1 - FB) * (J - 1)))
+    n_star = math.sqrt(H * 8 * (t - k) / (U * 8 * k * (1 - FB) * (J - 1)))
     assert p["analytic_optimum"] == pytest.approx(n_star)
     assert abs(want - n_star) / n_star < 0.05
     for n in (16, 64, 256, want):

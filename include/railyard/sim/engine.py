@@ -115,6 +115,7 @@ class _Job:
     checkpoint_due: float | None = None  # when a requested checkpoint completes
     dodge_until: float | None = None  # the job asks that its hosts not be taken before this time
     stuck: bool = False  # a hung job: it never checkpoints again
+    size: int | None = None  # hosts it runs on; None: simulator.jobs.hosts_per_job (jobs added by `add_job` differ)
 
     def public(self) -> Job:
         return Job(
@@ -229,6 +230,7 @@ class SimEngine:
         self._interruptions: list[dict[str, Any]] = []
         self._returns: list[dict[str, Any]] = []
         self._refusals: list[dict[str, Any]] = []  # in memory only: since this process started
+        self._placements: list[dict[str, Any]] = []  # in memory only: when each job (re)started, for studies
         self._installs: dict[tuple[str, str, str], int] = {}
         self._rows: list[tuple[str, float, dict[str, Any]]] = []  # audit rows not yet written
         # Every change of the world sets `_dirty`, which also bumps `_gen`: what is derived from the
@@ -451,6 +453,24 @@ class SimEngine:
         return job.public()
 
     @_locked
+    def add_job(self, job_id: str, hosts: int, checkpoint_interval_s: float | None = None) -> Job:
+        """A job arrives: it needs `hosts` hosts and starts as soon as that many serve free (studies use
+        it for job sizes and arrivals beyond `simulator.jobs`)."""
+        self._token(job_id, "job id")
+        if job_id in self._jobs:
+            raise FleetError(f"job {job_id!r} exists already")
+        if not isinstance(hosts, int) or not 1 <= hosts <= len(self._hosts):
+            raise FleetError(f"job {job_id!r}: hosts must be 1 to {len(self._hosts)}, not {hosts!r}")
+        interval = self.sim.jobs.checkpoint_interval_s if checkpoint_interval_s is None else float(checkpoint_interval_s)
+        if interval <= 0:
+            raise FleetError(f"job {job_id!r}: checkpoint_interval_s must be > 0, not {checkpoint_interval_s!r}")
+        job = _Job(id=job_id, hosts=[], gpus=hosts * self.sim.gpus_per_host, state="pending",
+                   last_checkpoint=self._t, checkpoint_interval=interval, size=hosts)
+        self._jobs[job_id] = job
+        self._dirty = True
+        return job.public()
+
+    @_locked
     def fail(self, host: str) -> Host:
         """Fault injection: a serving host breaks now (it comes back after `repair_s`)."""
         h = self._host(host)
@@ -538,6 +558,7 @@ class SimEngine:
             "returns": [dict(r) for r in self._returns],
             "unverified_returns": [r["host"] for r in self._returns if not r["verified"]],
             "refusals": [dict(r) for r in self._refusals],
+            "placements": [dict(p) for p in self._placements],
             "installs": [
                 {"host": h, "component": c, "version": v, "count": n} for (h, c, v), n in sorted(counts.items())
             ],
@@ -699,11 +720,12 @@ class SimEngine:
         names = order or self._names
         for job in pending:
             free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
-            need = self.sim.jobs.hosts_per_job
+            need = job.size or self.sim.jobs.hosts_per_job
             if len(free) < need:
                 continue
             self._dirty = True
             job.hosts, job.state, job.last_checkpoint = free[:need], "running", self._t  # resumes from its checkpoint
+            self._placements.append({"job": job.id, "at": self._t, "hosts": need})
             for n in job.hosts:
                 self._hosts[n].job = job.id
         self._derived["placed"] = (self._gen, None)

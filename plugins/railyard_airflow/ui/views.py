@@ -51,8 +51,9 @@ def fleet_map(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> dict
                 "versions": h.versions if h else {},
             })
         serving = sum(1 for x in row if x["state"] == HostState.SERVING)
+        holder = out_domains.get(d.name)  # a repair holds its host's domain too, but takes no maintenance slot
         domains.append({"name": d.name, "sku": d.sku, "hosts": row, "serving": serving,
-                        "out": d.name in out_domains, "held_by": out_domains.get(d.name)})
+                        "out": holder is not None and not holder.startswith("repair/"), "held_by": holder})
     counts = Counter(str(h.state) for h in hosts)
     return {"domains": domains, "by_state": dict(sorted(counts.items())), "total": len(hosts)}
 

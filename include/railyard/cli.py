@@ -270,6 +270,88 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return 3 if any(r["action"] == "failed" for r in out) else 0
 
 
+def cmd_size(args: argparse.Namespace) -> int:
+    """The domain-size planner: cost per cycle for every domain count, the optimum, a proposed layout."""
+    from railyard.sizing import (
+        SizingError,
+        chart,
+        config_with_layout,
+        describe,
+        input_from_config,
+        load_input,
+        plan,
+    )
+    from railyard.sizing import to_json as sizing_json
+
+    try:
+        if args.input:
+            inp = load_input(args.input)
+        else:
+            inp = input_from_config(load_config(args.config))
+        p = plan(inp)
+        n = args.domains or (p["best"] or {}).get("domains")
+        if args.write_config:
+            if args.input and not args.config:
+                print("size: --write-config needs --config (the config file the layout goes into)", file=sys.stderr)
+                return 2
+            if n is None:
+                print("size: no domain count holds the cycle; nothing to write", file=sys.stderr)
+                return 3
+            from pathlib import Path
+
+            Path(args.write_config).write_text(config_with_layout(config_path(args.config), inp, int(n)))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except SizingError as exc:
+        print(f"size: {exc}", file=sys.stderr)
+        return 2
+    print(sizing_json(p) if args.json else describe(p))
+    if args.write_config:
+        print(f"config with {n} domains written to {args.write_config}", file=sys.stderr)
+    if args.png:
+        print(f"chart written to {chart(p, args.png)}", file=sys.stderr)
+    return 0 if p["best"] is not None else 3
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """Trains at several domain counts, a whole-fleet window and naive rolling on the simulator."""
+    import yaml
+
+    from railyard.sizing import SizingError
+    from railyard.study import chart, describe, parse_spec, study
+    from railyard.study import to_json as study_json
+
+    try:
+        data: dict[str, object] = {}
+        if args.input:
+            from pathlib import Path
+
+            try:
+                data = yaml.safe_load(Path(args.input).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                print(f"study: cannot read {args.input}: {exc}", file=sys.stderr)
+                return 2
+        for key in ("hosts", "cycle_days", "seed"):
+            if getattr(args, key) is not None:
+                data[key] = getattr(args, key)
+        if args.counts:
+            try:
+                data["counts"] = [int(x) for x in args.counts.split(",")]
+            except ValueError:
+                print(f"study: --counts must be integers separated by commas (value: {args.counts!r})",
+                      file=sys.stderr)
+                return 2
+        s = study(parse_spec(data, f"study input {args.input}" if args.input else "study input"))
+    except SizingError as exc:
+        print(f"study: {exc}", file=sys.stderr)
+        return 2
+    print(study_json(s) if args.json else describe(s))
+    if args.png:
+        print(f"chart written to {chart(s, args.png)}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from railyard.demo import main as demo_main
     from railyard.demo import stop_demos
@@ -357,6 +439,26 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument("--config", help=cfg_help)
     rc.add_argument("--fleet-url", help=url_help)
     rc.set_defaults(func=cmd_reconcile)
+
+    sz = sub.add_parser("size", help="domain-size planner: cost per cycle per domain count, the optimum, a layout")
+    sz.add_argument("--input", help="sizing input, YAML or JSON (docs/sizing.md); default: the config's fleet")
+    sz.add_argument("--json", action="store_true")
+    sz.add_argument("--png", help="write the cost curve to this PNG (SVG when matplotlib is not installed)")
+    sz.add_argument("--domains", type=int, help="the count to lay out (default: the optimum)")
+    sz.add_argument("--write-config", help="write the config with the proposed domains to this file")
+    sz.add_argument("--config", help=cfg_help)
+    sz.set_defaults(func=cmd_size)
+
+    st = sub.add_parser("study", help="simulate trains at several domain counts, a whole-fleet window and "
+                        "naive rolling (in-process simulator, seeded)")
+    st.add_argument("--input", help="study input, YAML or JSON (docs/sizing.md); default: the published figures")
+    st.add_argument("--hosts", type=int)
+    st.add_argument("--cycle-days", dest="cycle_days", type=float)
+    st.add_argument("--counts", help="domain counts for trains, e.g. 8,16,32 (default: around the optimum)")
+    st.add_argument("--seed", type=int)
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--png", help="write the plots to this PNG")
+    st.set_defaults(func=cmd_study)
 
     d = sub.add_parser("demo", help="run the demo train on Airflow against the simulator")
     d.add_argument("--once", action="store_true", help="exit after the train ends (as RAILYARD_DEMO_ONCE=1)")

@@ -75,6 +75,8 @@ WORKS = [
     (["ops"], "no active operation"),
     (["host", "gpu-a01"], "gpu-a01: no lease"),
     (["reconcile"], "nothing to reconcile"),
+    (["size"], "<- best"),
+    (["study", "--hosts", "64", "--cycle-days", "0.25", "--counts", "2,4"], "train x4"),
 ]
 MISSING = [
     (["plan", "demo"], 4, [f"127.0.0.1:{SIM_PORT}", "cannot connect", "railyard sim serve", "--fleet-url"]),
@@ -89,6 +91,8 @@ MISSING = [
     (["release", "promote"], 2, ["name the release"]),
     (["freeze", "on"], 2, ["--reason is required"]),
     (["sim"], 2, ["required: sim_cmd"]),
+    (["size", "--input", "sizing.yaml"], 2, ["cannot read sizing input sizing.yaml"]),
+    (["study", "--hosts", "4"], 2, ["hosts", "(value: 4)"]),
     ([], 2, ["required: cmd"]),
 ]
 ELSEWHERE = {"demo": "tests/e2e/test_demo_stop.py", "sim": "test_sim_serve_makes_its_default_db_folder"}

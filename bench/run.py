@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ledger  # noqa: E402
 import bench_parse  # noqa: E402
 import bench_plan  # noqa: E402
+import bench_size  # noqa: E402
 import bench_ssh  # noqa: E402
 import bench_train  # noqa: E402
 
@@ -18,6 +19,8 @@ if __name__ == "__main__":
     bench_parse.main()
     print("\n== railyard plan / drift on 76,800 hosts in 1,200 domains, vs one fetch of the fleet ==", flush=True)
     bench_plan.main()
+    print("\n== railyard size on 75,000 hosts (600,000 GPUs), vs validating the same input ==", flush=True)
+    bench_size.main()
     print("\n== Demo train: wall time vs the work floor, on airflow standalone ==", flush=True)
     bench_train.main()
     print("\n== SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible ==", flush=True)

@@ -185,12 +185,19 @@ def _cuts(prefix: list[int], n: int) -> list[int]:
     share of the hosts, every run keeping at least one unit. `prefix[i]` is the hosts of the first i units."""
     units, total = len(prefix) - 1, prefix[-1]
     cuts = [0]
+    last = 0
+    left = bisect.bisect_left
     for k in range(1, n):
         target = total * k / n
-        i = bisect.bisect_left(prefix, target)
+        i = left(prefix, target, last)
         if i > 0 and (i > units or target - prefix[i - 1] <= prefix[i] - target):
             i -= 1
-        cuts.append(min(max(i, cuts[-1] + 1), units - (n - k)))
+        if i <= last:
+            i = last + 1
+        if i > units - n + k:
+            i = units - n + k
+        cuts.append(i)
+        last = i
     cuts.append(units)
     return cuts
 
@@ -313,7 +320,7 @@ def plan(inp: SizingInput) -> dict[str, Any]:
     x = float(max(cap, 200))
     while x < n_units:
         counts.add(int(x))
-        x *= 1.05
+        x *= 1.2
     counts.add(n_units)
     rows = [r for n in sorted(counts) if (r := evaluate(inp, n, pools, shape)) is not None]
     feasible = [r for r in rows if r["feasible"]]

@@ -12,6 +12,7 @@ import pytest
 
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, HostState
+from railyard.reconcile import AirflowApi, ReconcileError
 from railyard.stack import Stack, free_port
 from railyard.stop import budget_for
 from tests.support.configs import small_config, write_config
@@ -114,6 +115,14 @@ def test_a_run_deleted_mid_stop_is_finished_by_the_reconciler(stack):
     op = f"deleted/{run}/pod-b"
     led = ledger(stack)
     assert led.holdings(op)
+    # what `railyard reconcile` asks, over the REST API: the run is gone, the DAG is known
+    api = AirflowApi(stack.api, username="admin", password=stack.password)
+    assert api.dag_known(dag) and not api.dag_known("railyard_train_nope")
+    assert api.run_state(dag, run) is None and api.run_state("railyard_train_failed", "nope") is None
+    wrong = "wrong-pass-5d1c9e"
+    with pytest.raises(ReconcileError, match="login as 'admin' refused") as err:
+        AirflowApi(stack.api, username="admin", password=wrong).dag_known(dag)
+    assert wrong not in str(err.value)
     run_reconciler(stack)
     settled(stack, "pod-b")
     assert all(h.state == HostState.SERVING for h in fleet.hosts(hosts))

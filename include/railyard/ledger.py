@@ -6,11 +6,15 @@ Leases never expire by time: they are released only after the hosts are back or 
 Every change writes an audit row (who, what, when, why).
 
 Speed (bench/bench_ledger.py): the hot paths (`acquire_domain`, `release`) read only what they decide
-on — the leases of the hosts in question and counts per kind and domain, never every lease row —
-and their statements are built once. On PostgreSQL with psycopg2 they are server-side prepared
-statements, the writes of a step go as one statement, and a step's lock and read go in one round
-trip, so the part of a lease that holds the ledger lock is three round trips and the commit. A
-release does not take the ledger lock there (see `release`).
+on — the leases of the hosts in question and counts per kind and domain, never every lease row.
+On PostgreSQL with psycopg2 each is one call of a PL/pgSQL function that makes the same decision with
+the same messages and writes the same rows (railyard.ledger_pg, created by `Ledger()`): one round
+trip, and the ledger lock is held only while the server runs it. An acquire commits asynchronously,
+so the lock goes without waiting for the disk, and the same call flushes the log before it returns:
+nothing is reported that is not on disk. A release does not take the ledger lock there (see
+`release`). What the functions hand back (a refusal to judge on every lease, unusual host names)
+and every other database takes the Python path below, whose statements are built once (server-side
+prepared statements on PostgreSQL, a step's lock and read in one round trip).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, DisconnectionError
+
+from railyard import ledger_pg
 
 metadata = MetaData()
 
@@ -203,7 +209,9 @@ def resolve_url(url: str | None = None) -> str:
 
 
 class Ledger:
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, *, pg_functions: bool = True):
+        """`pg_functions`: on PostgreSQL with psycopg2, lease operations run as server-side functions
+        (railyard.ledger_pg); False keeps them in Python, as on SQLite (tests compare the two)."""
         self.url = resolve_url(url)
         self.engine: Engine = _make_engine(self.url)
         for attempt in range(10):  # several processes may create the tables at the same moment
@@ -222,6 +230,9 @@ class Ledger:
                         c.execute(insert(ledger_lock).values(id=1, n=0))
                 except Exception:  # another process created it first
                     pass
+        self._pg: ledger_pg.Functions | None = None
+        if pg_functions and self.engine.dialect.name == "postgresql" and self.engine.dialect.driver == "psycopg2":
+            self._pg = ledger_pg.install(self.engine)
 
     # ---- the atomic step ---------------------------------------------------------------------
     def acquire_domain(
@@ -262,6 +273,16 @@ class Ledger:
         look = sorted(set(want) | set(u_pool)) if u_known else want
         takeover = set(take_over_from)
         prio = PRIORITY.get(kind, 10)
+        if self._pg is not None:  # the same steps on the server, in one round trip (railyard.ledger_pg)
+            now = time.time()
+            got = ledger_pg.acquire(
+                self.engine, self._pg, op_id=op_id, train=train, domain=domain, kind=kind, actor=actor,
+                priority=prio, now=now, cutoff=now - WAITER_TTL_S, want=want,
+                skip=[h for h in want if h in unavail and (pool is None or h in pool)],
+                u_pool=u_pool if u_known else [], n_u_pool=len(u_pool), u_known=u_known,
+                exact=pool is None and u_known, takeover=sorted(takeover), budget=budget, probe=probe)
+            if got is not None:
+                return Decision(*got)
         with self.engine.begin() as c:
             now = time.time()
             v = _lock_and_read_view(c, [op_id, *takeover], op_id, prio, now, look)
@@ -358,6 +379,11 @@ class Ledger:
         concurrent decision that still sees the lease errs on the safe side), and the lock on the
         operation's own row serialises it with everything that changes this operation's leases."""
         only = None if hosts is None else set(hosts)
+        if self._pg is not None:  # the same steps on the server, in one round trip (railyard.ledger_pg)
+            dropped = ledger_pg.release(self.engine, self._pg, op_id=op_id, only=only, actor=actor, reason=reason,
+                                        now=time.time())
+            if dropped is not None:
+                return dropped
         with self.engine.begin() as c:
             pg = c.dialect.name == "postgresql"
             held = [r[0] for r in _run(c, ["op_row_lock" if pg else "lock", "held"], {"r_op": op_id})]

@@ -7,8 +7,9 @@ from just after the grant returned (committed) to just before it called release.
 inside the real leases, so if the ledger is right no instant is covered by more than
 `max_domains_down` of them. The audit, replayed in order, must say the same.
 
-The check is shown to bite: the same run against a deliberately broken ledger (no lock, and 30 ms
-between what it reads and what it writes) must produce overlaps the check catches.
+The real runs take the server-side functions (railyard.ledger_pg). The check is shown to bite: the
+same run against a deliberately broken ledger (the Python path without its lock, and 30 ms between what
+it reads and what it writes) must produce overlaps the check catches.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def worker(idx: int, scenarios: list[dict[str, Any]], barrier: Any, out: Any) ->
     import railyard.ledger as mod
 
     for sc in scenarios:
-        led = mod.Ledger(sc["url"])
+        led = mod.Ledger(sc["url"], pg_functions=not sc["broken"])  # the broken one is the Python path's
         b = budget(sc["max_down"])
         rnd = random.Random(idx * 1000 + sc["max_down"])
         order = [f"d{(idx + i) % len(DOMAINS)}" for i in range(len(DOMAINS))]

@@ -1,0 +1,398 @@
+"""The ledger's hot paths on PostgreSQL, as server-side functions: one round trip per lease operation.
+
+`Ledger.acquire_domain` and `Ledger.release` (railyard.ledger) decide in Python, which costs several
+round trips while the ledger lock is held, and the client's CPU. On PostgreSQL with psycopg2 they call
+the functions below instead, which make the same decisions with the same messages and write the
+same rows (tests/adapters/test_ledger_pg_functions.py runs random scenarios through both and compares).
+
+Why an acquire commits asynchronously and then flushes: every acquire takes the ledger lock (a row
+lock), and PostgreSQL releases a transaction's locks only once its commit record is on disk. With a
+synchronous commit each acquire would wait for the previous one's disk flush, one flush after the
+other (~300 a second on a disk that flushes in 3 ms), however many writers there are. So the acquire
+commits with `synchronous_commit = off` (the lock goes as soon as the lease is visible), and the
+same call then commits a second transaction synchronously, which flushes the log up to itself, the
+acquire's commit included; concurrent acquirers share those flushes. The call returns only after
+that, so a decision is on disk before anyone is told of it, as before. Whoever saw the lease before
+it was on disk (the next acquirer) wrote its own commit later in the same log: a crash that loses
+the lease loses everything decided after seeing it too. Releases commit synchronously, as before.
+
+What the functions do not handle they refuse with SQLSTATE `RY001`, having changed nothing, and the
+caller runs the Python path: a refusal that must be judged again on every lease (a pool, or many
+unavailable hosts; see `Ledger.acquire_domain`), and host names that are not printable ASCII or hold
+a quote or a backslash (whose JSON in the audit is not simply the name in quotes).
+
+The functions' names carry a hash of their text, so that two versions of Railyard on one database
+each call their own; they are created once per database, under an advisory lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+log = logging.getLogger(__name__)
+
+FALLBACK = "RY001"  # SQLSTATE: not decided here, nothing changed; run the Python path
+_LOCK_KEY = 0x7261696C79617264  # "railyard": serialises the creation of the functions
+
+_PARAMS = """p_op text, p_train text, p_domain text, p_kind text, p_actor text, p_prio integer,
+  p_now double precision, p_cutoff double precision, p_want text[], p_skip text[], p_u_pool text[],
+  p_n_u_pool bigint, p_u_known boolean, p_exact boolean, p_takeover text[], p_total bigint, p_maint bigint,
+  p_fail bigint, p_max_down bigint, p_probe boolean"""
+_ARGS = """p_op, p_train, p_domain, p_kind, p_actor, p_prio, p_now, p_cutoff, p_want, p_skip, p_u_pool,
+  p_n_u_pool, p_u_known, p_exact, p_takeover, p_total, p_maint, p_fail, p_max_down, p_probe"""
+# psycopg2 placeholders of _PARAMS, typed (arrays come as array literals: see `text_array`)
+_PLACEHOLDERS = ", ".join(["%s"] * 5 + ["%s::integer", "%s::float8", "%s::float8"] + ["%s::text[]"] * 3
+                          + ["%s::bigint", "%s::boolean", "%s::boolean", "%s::text[]"] + ["%s::bigint"] * 4
+                          + ["%s::boolean"])
+
+# Host names whose JSON is the name in quotes (printable ASCII, no '"' nor '\'), as a PostgreSQL regex.
+_PLAIN = r"""'^[ !#-[\]-~]*$'"""
+
+# What acquire_domain decides on (ledger._View): the leases of the hosts asked for, domains out and
+# leases per kind (from the partial indexes), the waiter ahead, whether the operation waits and is
+# recorded. One statement, so one snapshot, as in Python. Written out where it is used, so that
+# PL/pgSQL keeps its plan (a SQL function would be planned again at every call).
+_VIEW = """
+  SELECT w.hosts, w.ops, w.kinds, m.doms, m.n_maint, r.n_repair, a.op_id AS ahead_op, a.since AS ahead_since,
+    EXISTS (SELECT 1 FROM waiters WHERE op_id = p_op) AS waiting,
+    EXISTS (SELECT 1 FROM operations WHERE id = p_op) AS op_exists,
+    (SELECT count(*) FROM unnest(p_u_pool) u
+     WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.host = u)) AS n_broken_known
+  INTO v
+  FROM (SELECT coalesce(array_agg(host), '{}') AS hosts, array_agg(op_id) AS ops, array_agg(kind) AS kinds
+        FROM leases WHERE host = ANY(p_want)) w,
+       (SELECT coalesce(array_agg(DISTINCT domain), '{}') AS doms, count(*) AS n_maint
+        FROM leases WHERE kind <> 'repair') m,
+       (SELECT count(*) AS n_repair FROM leases WHERE kind = 'repair') r
+  LEFT JOIN LATERAL (SELECT op_id, since FROM waiters
+                     WHERE priority > p_prio AND seen_at > p_cutoff AND op_id <> p_op
+                     ORDER BY since LIMIT 1) a ON true;
+  -- what Python derives from the view: hosts already ours, hosts held by others (not for repair),
+  -- and what a grant would lease (in the order of p_want, which is sorted)
+  n_mine := 0;
+  n_blocking := 0;
+  FOR i IN 1 .. cardinality(v.hosts) LOOP
+    IF v.ops[i] = p_op THEN
+      n_mine := n_mine + 1;
+    ELSIF v.kinds[i] <> 'repair' THEN
+      n_blocking := n_blocking + 1;
+    END IF;
+  END LOOP;
+  free := ARRAY(SELECT h FROM unnest(p_want) WITH ORDINALITY u(h, i)
+                WHERE h <> ALL(v.hosts) AND h <> ALL(p_skip) ORDER BY i)"""
+
+# {json}, {decide}, {acquire}, {release}: the versioned names (see `_names`); {view}: _VIEW.
+# Sorted as Python sorts: code points, COLLATE "C".
+_SQL = r"""
+-- json.dumps of a list of host names that match {plain}. Inlined where it is used.
+CREATE OR REPLACE FUNCTION {json}(a text[]) RETURNS text LANGUAGE sql STABLE AS $f$
+  SELECT CASE WHEN cardinality(a) = 0 THEN '[]' ELSE '["' || array_to_string(a, '", "') || '"]' END
+$f$;
+
+-- Ledger.acquire_domain, step for step (ledger.py), in the caller's transaction.
+-- Plans made once per connection, whatever the arguments: planning costs more than running them.
+CREATE OR REPLACE FUNCTION {decide}({params}, OUT outcome text, OUT reason text) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $f$
+DECLARE
+  v record;
+  n_want bigint := cardinality(p_want);
+  n_mine bigint;
+  n_blocking bigint;
+  free text[];
+  handed_hosts text[];
+  handed_ops text[];
+  n_handed bigint;
+  from_ops text;
+  n_out bigint;
+  n_broken bigint;
+  floor_hosts bigint;
+  serving bigint;
+  lease text[];  -- what a grant leases (NULL: nothing, and no audit row)
+BEGIN
+  IF array_to_string(p_want, '') !~ {plain} THEN
+    RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
+  END IF;
+  UPDATE ledger_lock SET n = n + 1 WHERE id = 1;
+  IF cardinality(p_takeover) = 0 THEN  -- one row: by its key (a plan for any number of rows may scan them all)
+    PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
+  ELSE
+    PERFORM 1 FROM operations WHERE id = ANY(array_append(p_takeover, p_op)) ORDER BY id FOR UPDATE;
+  END IF;
+  {view};
+  IF n_mine = n_want THEN
+    outcome := 'granted';
+    reason := format('%s already holds %s', p_op, p_domain);
+    RETURN;
+  END IF;
+  IF v.ahead_op IS NOT NULL THEN
+    outcome := 'wait';
+    reason := format('yielding to %s, waiting since %s', v.ahead_op, round(v.ahead_since)::bigint);
+  ELSE
+    IF cardinality(p_takeover) > 0 THEN
+      SELECT array_agg(h ORDER BY h COLLATE "C"), array_agg(o ORDER BY h COLLATE "C") INTO handed_hosts, handed_ops
+      FROM unnest(v.hosts, v.ops) AS x(h, o) WHERE o = ANY(p_takeover);
+    END IF;
+    IF handed_hosts IS NOT NULL AND p_probe THEN
+      outcome := 'free';
+    ELSIF handed_hosts IS NOT NULL THEN
+      UPDATE leases SET op_id = p_op, kind = p_kind, since = p_now WHERE host = ANY(handed_hosts);
+      FOR i IN 1 .. cardinality(handed_hosts) LOOP
+        INSERT INTO audit (at, actor, op_id, action, hosts, reason) VALUES
+          (p_now, p_actor, p_op, 'handover', {json}(ARRAY[handed_hosts[i]]), 'taken over from ' || handed_ops[i]),
+          (p_now, p_actor, handed_ops[i], 'handed_over', {json}(ARRAY[handed_hosts[i]]), 'taken over by ' || p_op);
+      END LOOP;
+      n_handed := cardinality(handed_hosts);
+      from_ops := array_to_string(ARRAY(SELECT DISTINCT o COLLATE "C" FROM unnest(handed_ops) o ORDER BY 1), ', ');
+      {view};
+      IF n_mine = n_want THEN
+        outcome := 'granted';
+        reason := format('%s took over %s host(s) of %s from %s', p_op, n_handed, p_domain, from_ops);
+      END IF;
+    END IF;
+    n_out := cardinality(v.doms) + CASE WHEN p_domain = ANY(v.doms) THEN 0 ELSE 1 END;
+    IF outcome IS NOT NULL THEN
+      NULL;  -- a takeover: probed, or nothing left to lease
+    ELSIF n_blocking > 0 THEN
+      outcome := 'wait';
+      reason := format('%s host(s) of %s held by %s', n_blocking, p_domain, array_to_string(ARRAY(
+        SELECT DISTINCT o COLLATE "C" FROM unnest(v.ops, v.kinds) AS x(o, k) WHERE o <> p_op AND k <> 'repair'
+        ORDER BY 1), ', '));
+    ELSIF n_out > p_max_down THEN  -- domains out, this one included
+      outcome := 'wait';
+      reason := format('max_domains_down=%s reached: %s out', p_max_down,
+                       array_to_string(ARRAY(SELECT d FROM unnest(v.doms) d ORDER BY d COLLATE "C"), ', '));
+    ELSE
+      -- ledger._judge
+      n_broken := CASE WHEN p_u_known THEN v.n_broken_known ELSE p_n_u_pool END + v.n_repair;
+      floor_hosts := p_total - p_maint - p_fail;
+      serving := p_total - v.n_maint - n_broken - cardinality(free);
+      IF n_broken > p_fail THEN
+        outcome := 'stop';
+        reason := format('failure buffer exhausted: %s hosts broken or in repair > budget %s', n_broken, p_fail);
+      ELSIF v.n_maint + cardinality(free) > p_maint THEN
+        outcome := 'wait';
+        reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(free),
+                         p_domain, p_maint);
+      ELSIF serving < floor_hosts THEN
+        outcome := 'wait';
+        reason := format('serving would drop to %s < floor %s', serving, floor_hosts);
+      END IF;
+      IF outcome IS NOT NULL AND NOT p_exact THEN  -- judged on bounds: the Python path judges it again
+        RAISE EXCEPTION 'railyard: a refusal to judge on every lease' USING ERRCODE = 'RY001';
+      END IF;
+      IF outcome = 'stop' THEN
+        RETURN;
+      ELSIF outcome IS NULL AND p_probe THEN
+        outcome := 'free';
+      ELSIF outcome IS NULL THEN
+        outcome := 'granted';
+        reason := format('%s took %s (%s hosts)', p_op, p_domain, cardinality(free));
+        lease := free;
+      END IF;
+    END IF;
+  END IF;
+  IF outcome = 'granted' THEN
+    -- ledger._write_grant: the operation (new, or active again), off the waiters, its new leases and
+    -- the audit row (not for a takeover that left nothing to lease)
+    IF v.op_exists THEN
+      UPDATE operations SET state = 'active', updated_at = p_now WHERE id = p_op;
+    ELSE
+      INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail)
+      VALUES (p_op, p_kind, p_train, p_domain, 'active', p_now, p_now, '{}');
+    END IF;
+    IF v.waiting THEN
+      DELETE FROM waiters WHERE op_id = p_op;
+    END IF;
+    IF lease IS NOT NULL THEN
+      INSERT INTO leases (host, op_id, domain, since, kind) SELECT h, p_op, p_domain, p_now, p_kind FROM unnest(lease) h;
+      INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+      VALUES (p_now, p_actor, p_op, 'lease', {json}(lease), format('took %s for %s', p_domain, p_train));
+    END IF;
+    RETURN;
+  END IF;
+  -- Ledger._wait: refused for now; the operation takes (or keeps) its place among the waiters, as does
+  -- a probe that would be granted (Ledger._free)
+  IF outcome = 'free' THEN
+    reason := format('%s can be taken now', p_domain);
+  END IF;
+  IF v.waiting THEN
+    UPDATE waiters SET seen_at = p_now WHERE op_id = p_op;
+  ELSE
+    INSERT INTO waiters (op_id, priority, since, seen_at) VALUES (p_op, p_prio, p_now, p_now);
+  END IF;
+END $f$;
+
+-- An acquire as its own transactions (see the module's docstring): CALLed outside a transaction block.
+CREATE OR REPLACE PROCEDURE {acquire}({params}, INOUT r_outcome text DEFAULT NULL, INOUT r_reason text DEFAULT NULL)
+LANGUAGE plpgsql AS $f$
+BEGIN
+  SELECT d.outcome, d.reason INTO r_outcome, r_reason FROM {decide}({args}) d;
+  PERFORM set_config('synchronous_commit', 'off', true);
+  COMMIT;  -- visible, and the ledger lock released, without waiting for the disk
+  -- A transaction that writes to the log (an xid alone would not) commits synchronously: it flushes the
+  -- log up to itself. A logical message: no row for the writers to contend for.
+  PERFORM pg_logical_emit_message(true, 'railyard', '');
+END $f$;
+
+-- Ledger.release on PostgreSQL: the lock on the operation's row, not the ledger lock. Returns the
+-- hosts released.
+CREATE OR REPLACE FUNCTION {release}(p_op text, p_only text[], p_actor text, p_reason text, p_now double precision)
+RETURNS text[] LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $f$
+DECLARE
+  held text[];
+  dropped text[];
+BEGIN
+  PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
+  held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
+  IF p_only IS NULL THEN
+    dropped := held;
+  ELSE
+    dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
+  END IF;
+  IF array_to_string(dropped, '') !~ {plain} THEN
+    RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
+  END IF;
+  IF cardinality(dropped) > 0 THEN
+    IF cardinality(dropped) = cardinality(held) THEN
+      DELETE FROM leases WHERE op_id = p_op;
+    ELSE
+      DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
+    END IF;
+    INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+    VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason);
+  END IF;
+  IF cardinality(dropped) = cardinality(held) THEN  -- it holds nothing any more
+    UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
+  END IF;
+  RETURN dropped;
+END $f$;
+"""
+
+
+@dataclass(frozen=True)
+class Functions:
+    """How to call the installed functions: psycopg2 statement texts, and what to PREPARE first."""
+
+    acquire: str  # CALL: not preparable, and short to parse
+    decide: str  # the decision alone, in the caller's transaction (tests)
+    release: str  # EXECUTE of `prepare`
+    prepare: tuple[str, str]  # (name, PREPARE statement) for `release`
+
+
+def _names() -> dict[str, str]:
+    tag = hashlib.sha1((_PARAMS + _VIEW + _SQL).encode()).hexdigest()[:10]
+    return {k: f"railyard_{k}_{tag}" for k in ("json", "decide", "acquire", "release")}
+
+
+def _render() -> tuple[dict[str, str], str]:
+    names = _names()
+    sql = _SQL
+    for k, v in (names | {"params": _PARAMS, "args": _ARGS, "view": _VIEW.strip(), "plain": _PLAIN}).items():
+        sql = sql.replace("{" + k + "}", v)
+    return names, sql
+
+
+def functions() -> Functions:
+    n = _names()
+    stmt = f"{n['release']}_stmt"
+    return Functions(
+        acquire=f"CALL {n['acquire']}({_PLACEHOLDERS}, NULL, NULL)",
+        decide=f"SELECT outcome, reason FROM {n['decide']}({_PLACEHOLDERS})",
+        release=f"EXECUTE {stmt}(%s, %s::text[], %s, %s, %s::float8)",
+        prepare=(stmt, f"PREPARE {stmt}(text, text[], text, text, float8) AS SELECT {n['release']}($1, $2, $3, $4, $5)"),
+    )
+
+
+def install(engine: Engine) -> Functions | None:
+    """Create the functions unless they exist (several processes may start at once); None when this
+    database will not have them (the Python path then does everything)."""
+    names, sql = _render()
+    exists = "SELECT count(*) FROM pg_proc WHERE proname = %s AND pg_function_is_visible(oid)"
+    raw = engine.raw_connection()
+    try:
+        cur: Any = raw.cursor()
+        try:
+            cur.execute(exists, (names["release"],))
+            if cur.fetchone()[0] == 0:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                cur.execute(exists, (names["release"],))  # another process may have made them meanwhile
+                if cur.fetchone()[0] == 0:
+                    cur.execute(sql)  # all of them in this transaction
+            raw.commit()
+        finally:
+            cur.close()
+    except Exception as exc:  # e.g. no right to create functions: slower, not wrong
+        log.warning("ledger: PostgreSQL functions not installed (%s); the Python path is used", exc)
+        raw.rollback()
+        return None
+    finally:
+        raw.close()
+    return functions()
+
+
+def text_array(items: Iterable[str]) -> str:
+    """A PostgreSQL array literal of `items`: one string for the driver to quote, and one constant for
+    the server to parse, rather than an ARRAY[...] of quoted strings."""
+    return "{" + ",".join('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"' for x in items) + "}"
+
+
+def acquire(engine: Engine, fns: Functions, *, op_id: str, train: str, domain: str, kind: str, actor: str,
+            priority: int, now: float, cutoff: float, want: Sequence[str], skip: Sequence[str],
+            u_pool: Sequence[str], n_u_pool: int, u_known: bool, exact: bool, takeover: Sequence[str],
+            budget: Any, probe: bool) -> tuple[str, str] | None:  # budget: ledger.Budget
+    """`Ledger.acquire_domain` on the server: (outcome, reason), or None for the Python path."""
+    row = call(engine, fns, fns.acquire, (
+        op_id, train, domain, kind, actor, priority, now, cutoff, text_array(want), text_array(skip),
+        text_array(u_pool), n_u_pool, u_known, exact, text_array(takeover), budget.total_hosts,
+        budget.maintenance_hosts, budget.failure_hosts, budget.max_domains_down, probe))
+    return None if row is None else (row[0], row[1])
+
+
+def release(engine: Engine, fns: Functions, *, op_id: str, only: Iterable[str] | None, actor: str, reason: str,
+            now: float) -> list[str] | None:
+    """`Ledger.release` on the server: the hosts released, or None for the Python path."""
+    row = call(engine, fns, fns.release, (op_id, None if only is None else text_array(sorted(only)), actor, reason, now))
+    return None if row is None else list(row[0])
+
+
+def call(engine: Engine, fns: Functions, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Run `sql` (one of `fns`) in autocommit mode, a CALL that commits or a statement that is its own
+    transaction, and return its row; None when the server answered RY001 (run the Python path). Other
+    errors come as SQLAlchemy's, as from the Python path."""
+    raw = engine.raw_connection()
+    dbapi: Any = raw.driver_connection
+    try:
+        dbapi.autocommit = True
+        cur = dbapi.cursor()
+        try:
+            if sql == fns.release:
+                done = raw.info.setdefault("railyard_prepared", set())  # per connection, reset on reconnect
+                if fns.prepare[0] not in done:
+                    cur.execute(fns.prepare[1])
+                    done.add(fns.prepare[0])
+            cur.execute(sql, args)
+            row: tuple[Any, ...] = cur.fetchone()
+            return row
+        finally:
+            cur.close()
+    except Exception as exc:
+        if getattr(exc, "pgcode", None) == FALLBACK:
+            return None
+        import psycopg2
+
+        if not isinstance(exc, psycopg2.Error):
+            raise
+        if dbapi.closed:
+            raw.invalidate(exc)
+        raise DBAPIError.instance(sql, args, exc, psycopg2.Error, connection_invalidated=bool(dbapi.closed)) from exc
+    finally:
+        if not dbapi.closed:
+            dbapi.autocommit = False
+        raw.close()

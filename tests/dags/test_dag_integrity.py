@@ -84,7 +84,7 @@ def test_bad_config_is_an_import_error(monkeypatch, tmp_path, mutate, needle):
     cfg.write_text(yaml.safe_dump(data))
     bag = dagbag(monkeypatch, cfg)
     assert list(bag.dag_ids) == []
-    assert len(bag.import_errors) == 4  # the trains, emergency, releases and repairs files all refuse it
+    assert len(bag.import_errors) == 5  # the trains, emergency, releases, repairs and reconcile files all refuse it
     assert all(needle in err for err in bag.import_errors.values())
 
 

@@ -1,0 +1,238 @@
+"""The Railyard page in a real browser: Debian's headless Chromium through Selenium, on a real
+`airflow standalone` and the simulator (one Stack for the module). Logged in as Airflow users through
+Airflow's own login form; the page is the plugin's, served by the api-server. Screenshots of each step
+land in the test's tmp dir (and the one after the train in docs/img/railyard-page.png)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from railyard.ledger import Ledger
+from railyard.models import HostState
+from railyard.stack import Stack, free_port
+from tests.support.configs import small_config, write_config
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+FAILS = "gpu-b01"  # the one host whose deep check is made to fail
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui")
+    data = small_config(domains=3, hosts_per_domain=2, speed=120, check_fail_rate=0.0, upgrade_fail_rate=0.0,
+                        host_failure_per_hour=0.0, trains=[
+                            {"id": "demo", "releases": ["driver-570", "firmware-96"]},
+                            {"id": "kernel", "releases": ["kernel-6-1-28"], "domains": ["pod-a", "pod-c"]},
+                        ])
+    data["domains"][1]["hosts"] = FAILS  # pod-b: one host, so exactly it fails its check
+    data["simulator"]["jobs"] = {"count": 1, "hosts_per_job": 2, "checkpoint_interval_s": 1800,
+                                 "checkpoint_duration_s": 30}
+    data["timeouts"]["poll_s"] = 0.25
+    cfg = write_config(tmp / "railyard.yaml", data)
+    s = Stack(home=tmp / "stack", config_file=cfg, airflow_port=free_port(), sim_port=free_port(),
+              extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer"})
+    s.start_sim()
+    try:
+        s.start_airflow()
+        s.ensure_pool()
+        for d in ("railyard_train_demo", "railyard_train_kernel"):
+            s.wait_dag(d)
+        s.shots = tmp / "screenshots"  # type: ignore[attr-defined]
+        s.shots.mkdir()  # type: ignore[attr-defined]
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(stack):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--window-size=1400,1300",
+              f"--user-data-dir={stack.home / 'chromium'}"):
+        opts.add_argument(a)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def until(what: str, probe, timeout: float = 120, every: float = 0.3):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def ledger(stack: Stack) -> Ledger:
+    return Ledger(f"sqlite:///{stack.home}/ledger.db")
+
+
+def maintenance_out(led: Ledger) -> dict[str, str]:
+    """Domains out for maintenance (a repair's hold on its host's domain takes no maintenance slot)."""
+    return {d: op for d, op in led.domains_out().items() if not op.startswith("repair/")}
+
+
+def login(driver, stack: Stack, user: str) -> None:  # noqa: ANN001
+    """Airflow's own login form (SimpleAuthManager): two inputs, then the sign-in button."""
+    from selenium.webdriver.common.by import By
+
+    driver.delete_all_cookies()
+    driver.get(f"{stack.api}/")
+    inputs = until("the login form", lambda: [i for i in driver.find_elements(By.TAG_NAME, "input")
+                                               if i.is_displayed()][:2] or None, timeout=60)
+    assert len(inputs) == 2
+    inputs[0].send_keys(user)
+    inputs[1].send_keys(stack.password_of(user))
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    until(f"{user} logged in", lambda: driver.get_cookie("_token"), timeout=60)
+
+
+def open_page(driver, stack: Stack) -> None:  # noqa: ANN001
+    driver.get(f"{stack.api}/railyard/")
+    until("the page's first refresh", lambda: driver.execute_script("return document.body.dataset.updated"))
+
+
+def page_js(driver, script: str):  # noqa: ANN001, ANN201
+    return driver.execute_script(script)
+
+
+def shot(driver, stack: Stack, name: str) -> Path:  # noqa: ANN001
+    path = stack.shots / f"{name}.png"  # type: ignore[attr-defined]
+    driver.save_screenshot(str(path))
+    return path
+
+
+def test_a_request_not_logged_in_is_refused(stack) -> None:
+    for path in ("/railyard/", "/railyard/api/overview", "/railyard/api/hosts/gpu-a01"):
+        assert requests.get(f"{stack.api}{path}", timeout=10).status_code == 401, path
+    r = requests.post(f"{stack.api}/railyard/api/freeze", json={"on": True, "reason": "nobody logged in here"},
+                      timeout=10)
+    assert r.status_code == 401
+    assert ledger(stack).switch("freeze") is None
+    # the plugin's page is in Airflow's navigation
+    plugins = stack.rest("GET", "/plugins")["plugins"]
+    views = [v for p in plugins for v in p["external_views"]]
+    assert {"name": "Railyard", "href": "/railyard/"}.items() <= next(v for v in views if v["name"] == "Railyard").items()
+
+
+def test_the_page_follows_a_train(stack, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    fleet = stack.fleet()
+    login(browser, stack, "admin")
+    browser.get(f"{stack.api}/plugin/railyard")  # the page inside Airflow's UI (an iframe under the nav)
+    until("the page in Airflow's UI", lambda: browser.find_elements(By.TAG_NAME, "iframe"), timeout=60)
+    time.sleep(2)
+    shot(browser, stack, "0-in-airflow-nav")
+    open_page(browser, stack)
+    run = stack.trigger("railyard_train_demo")
+    led = ledger(stack)
+    out = until("a domain leased", lambda: maintenance_out(led), timeout=180)
+    domain = next(iter(out))
+
+    def page_shows_it_out():
+        return page_js(browser, f"""const d = document.querySelector('.dom[data-domain="{domain}"]');
+            const line = document.getElementById('capacity-line');
+            return d && d.classList.contains('out') && line && +line.dataset.now < 1 ? +line.dataset.now : null""")
+
+    now = until(f"the page shows {domain} out and capacity below 1", page_shows_it_out, timeout=30)
+    assert 0 < now < 1
+    shot(browser, stack, "1-during-the-train")
+    # pod-b's only host fails its deep check: set the rate while it is out, clear it once it is in repair
+    until("pod-b leased", lambda: "pod-b" in led.domains_out(), timeout=300)
+    fleet.settings(check_fail_rate=1.0)
+    until(f"{FAILS} in repair", lambda: fleet.hosts([FAILS])[0].state == HostState.REPAIR, timeout=300)
+    fleet.settings(check_fail_rate=0.0)
+    assert stack.wait_run("railyard_train_demo", run, timeout=600) in ("success", "failed")
+    for h in fleet.hosts():
+        assert h.state == (HostState.REPAIR if h.name == FAILS else HostState.SERVING), h
+
+    def page_after():
+        return page_js(browser, """const hs = [...document.querySelectorAll('.host')];
+            const off = document.querySelector('[data-offboarded]');
+            const bad = hs.filter(h => h.dataset.state !== 'serving').map(h => h.dataset.host);
+            return off && !document.querySelector('.dom.out') ? {bad, text: off.textContent} : null""")
+
+    after = until("the page after the run", page_after, timeout=30)
+    assert after["bad"] == [FAILS], after
+    reason = fleet.hosts([FAILS])[0].reason
+    assert reason and reason in after["text"], (reason, after)
+    # a host's history on click: its failed check with the evidence
+    browser.find_element(By.CSS_SELECTOR, f'.host[data-host="{FAILS}"]').click()
+    until("the host history", lambda: "FAILED" in browser.find_element(By.ID, "history").text, timeout=20)
+    path = shot(browser, stack, "2-after-the-train")
+    (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ROOT / "docs" / "img" / "railyard-page.png")
+    # the emergency button shows the selection as the form's conf and opens railyard_emergency's page
+    # (Airflow 3.3.2 has no URL that opens its trigger form pre-filled: /dags/<id>/trigger/single is a 404)
+    browser.find_element(By.CSS_SELECTOR, '.dom[data-domain="pod-c"] .name').click()
+    browser.find_element(By.ID, "emergency").click()
+    conf = browser.find_element(By.ID, "emergency-conf").text
+    assert '"domains":["pod-c"]' in conf and f'"hosts":["{FAILS}"]' in conf and '"dry_run":true' in conf, conf
+    until("the emergency DAG's page", lambda: browser.current_url.endswith("/dags/railyard_emergency"), timeout=30)
+    until("the DAG's page rendered", lambda: "railyard_emergency" in browser.find_element(By.TAG_NAME, "body").text,
+          timeout=30)
+    assert "Page Not Found" not in browser.find_element(By.TAG_NAME, "body").text
+    shot(browser, stack, "3-emergency-dag")
+
+
+def test_a_viewer_reads_the_page_but_may_not_act(stack, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    login(browser, stack, "viewer")
+    open_page(browser, stack)
+    assert page_js(browser, "return document.querySelectorAll('.host').length") == 5
+    browser.find_element(By.ID, "reason").send_keys("viewer wants a freeze")
+    browser.find_element(By.ID, "freeze-on").click()
+    until("the refusal shown", lambda: "HTTP 403" in browser.find_element(By.ID, "msg").text, timeout=20)
+    shot(browser, stack, "4-viewer-refused")
+    led = ledger(stack)
+    assert led.switch("freeze") is None
+    refused = [a for a in led.audit_rows(limit=100000) if a["action"] == "ui_refused"]
+    assert refused and refused[-1]["actor"] == "viewer" and "viewer wants a freeze" in refused[-1]["reason"]
+
+
+def test_freeze_from_the_page_stops_a_train_at_the_next_domain_boundary(stack, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    login(browser, stack, "admin")
+    open_page(browser, stack)
+    led = ledger(stack)
+    fleet = stack.fleet()
+    run = stack.trigger("railyard_train_kernel")
+    until("pod-a leased", lambda: "pod-a" in led.domains_out(), timeout=180)
+    browser.find_element(By.ID, "reason").send_keys("freeze for the launch event")
+    browser.find_element(By.ID, "freeze-on").click()
+    until("freeze on", lambda: led.switch("freeze"), timeout=20)
+    assert led.switch("freeze")["actor"] == "admin"
+    # the stop in flight finishes; the next domain is not taken while the freeze is on
+    until("pod-a back", lambda: not maintenance_out(led), timeout=300)
+    assert all(h.state == HostState.SERVING for h in fleet.hosts(["gpu-a01", "gpu-a02"]))
+    time.sleep(8)
+    assert maintenance_out(led) == {}
+    assert stack.run_state("railyard_train_kernel", run) == "running"
+    assert all(h.versions["kernel"] == "6.1.0-25" for h in fleet.hosts(["gpu-c01", "gpu-c02"]))
+    until("the page shows the freeze", lambda: "FROZEN" in browser.find_element(By.ID, "freeze").text, timeout=20)
+    shot(browser, stack, "5-frozen")
+    browser.find_element(By.ID, "reason").clear()
+    browser.find_element(By.ID, "reason").send_keys("launch is over, thaw")
+    browser.find_element(By.ID, "freeze-off").click()
+    until("freeze off", lambda: led.switch("freeze") is None, timeout=20)
+    assert stack.wait_run("railyard_train_kernel", run, timeout=600) == "success"
+    assert all(h.versions["kernel"] == "6.1.0-28" for h in fleet.hosts(["gpu-c01", "gpu-c02"]))

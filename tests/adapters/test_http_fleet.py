@@ -74,6 +74,7 @@ def test_a_full_stop_on_one_domain(sim_server: SimServer) -> None:
 
     audit = fleet.audit()
     assert audit["unverified_returns"] == []
+    assert {p["job"] for p in audit["placements"]} == {j.id for j in fleet.jobs()}  # the studies' record, served
     assert audit["max_domains_out"] == 1
     assert audit["max_lost_s"] < 120  # fresh checkpoints: at most the few fleet seconds between calls
     assert sorted((i["host"], i["component"], i["count"]) for i in audit["installs"]) == sorted(

@@ -174,6 +174,9 @@ class AuditReport(Body):
     installs: list[InstallCount]
     stops: list[StopRecord]
     work_seconds: float = Field(description="sum of the stops' work_s in real seconds (divided by speed)")
+    placements: list[dict[str, Any]] = Field(
+        default_factory=list, description="when each job was placed on hosts (since this process started)"
+    )
 
 
 def _names(raw: str | None, what: str) -> list[str] | None:

@@ -10,11 +10,7 @@ from railyard.fleet.port import Fleet, FleetError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     print(
         f"ok: {config_path(args.config)}: {cfg.total_hosts} hosts in {len(cfg.domains)} domains, "
         f"{len(cfg.trains)} train(s), {len(cfg.releases)} release(s)"
@@ -25,11 +21,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_sim_serve(args: argparse.Namespace) -> int:
     from railyard.sim import serve
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     from pathlib import Path
 
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)  # the default .railyard/ does not exist on a fresh clone
@@ -43,11 +35,7 @@ def cmd_freeze(args: argparse.Namespace) -> int:
 
     from railyard.ledger import Ledger
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     led = Ledger(cfg.ledger.url)
     if args.state in ("on", "off"):
         if not args.reason or not args.reason.strip():
@@ -105,11 +93,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     from railyard.ledger import Ledger
     from railyard.releases import ReleaseError, Rollout
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     rollout = Rollout(cfg, Ledger(cfg.ledger.url))
     if args.action != "list":
         if not args.id:
@@ -161,11 +145,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
     from railyard.releases import describe_drift, drift, drift_chart
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     try:
         fleet = _fleet(args, cfg)
         d = drift(cfg, fleet.hosts(), fleet.now())
@@ -186,11 +166,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from railyard.ledger import Ledger
     from railyard.ops import describe_ops
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     ops = Ledger(cfg.ledger.url).active_operations()
     print(json.dumps(ops, indent=1, default=str) if args.json else describe_ops(ops))
     return 0
@@ -203,11 +179,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     from railyard.ledger import Ledger
     from railyard.ops import describe_host
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     if args.host not in cfg.host_domain():
         print(f"host: {args.host!r} is not a host of the config", file=sys.stderr)
         return 2
@@ -223,11 +195,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
     from railyard.ledger import Ledger
     from railyard.ops import ControlError, release_lease
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     try:
         out = release_lease(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), args.op, reason=args.reason or "",
                             actor=args.actor or getpass.getuser(), to_repair=args.to_repair)
@@ -247,11 +215,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     from railyard.ledger import Ledger
     from railyard.reconcile import AirflowApi, ReconcileError, reconcile
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     try:
         out = reconcile(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), AirflowApi.from_env(args.airflow),
                         actor=args.actor or "reconciler", only=args.op or None)
@@ -467,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=cmd_demo)
 
     args = p.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:  # a bad config: every problem named by field and value, exit 1
+        print(exc, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

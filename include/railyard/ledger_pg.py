@@ -85,8 +85,12 @@ _VIEW = """
       n_blocking := n_blocking + 1;
     END IF;
   END LOOP;
-  free := ARRAY(SELECT h FROM unnest(p_want) WITH ORDINALITY u(h, i)
-                WHERE h <> ALL(v.hosts) AND h <> ALL(p_skip) ORDER BY i)"""
+  free := '{}';
+  FOREACH want_host IN ARRAY p_want LOOP
+    IF NOT (want_host = ANY(v.hosts) OR want_host = ANY(p_skip)) THEN
+      free := free || want_host;
+    END IF;
+  END LOOP"""
 
 # {json}, {decide}, {acquire}, {release}: the versioned names (see `_names`); {view}: _VIEW.
 # Sorted as Python sorts: code points, COLLATE "C".
@@ -97,15 +101,20 @@ CREATE OR REPLACE FUNCTION {json}(a text[]) RETURNS text LANGUAGE sql STABLE AS 
 $f$;
 
 -- Ledger.acquire_domain, step for step (ledger.py), in the caller's transaction.
--- Plans made once per connection, whatever the arguments: planning costs more than running them.
+-- Plans made once per connection, whatever the arguments: planning costs more than running them. Plain
+-- index scans only: a plan for any array of hosts, or for leases of a table not yet analysed, would
+-- otherwise read every lease (a bitmap scan would not mark the index entries of released leases dead,
+-- and would step over more of them at every call); jit off, as those plans look costly to the planner.
 CREATE OR REPLACE FUNCTION {decide}({params}, OUT outcome text, OUT reason text) LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan AS $f$
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+AS $f$
 DECLARE
   v record;
   n_want bigint := cardinality(p_want);
   n_mine bigint;
   n_blocking bigint;
   free text[];
+  want_host text;
   handed_hosts text[];
   handed_ops text[];
   n_handed bigint;
@@ -201,14 +210,23 @@ BEGIN
   IF outcome = 'granted' THEN
     -- ledger._write_grant: the operation (new, or active again), off the waiters, its new leases and
     -- the audit row (not for a takeover that left nothing to lease)
+    IF v.waiting THEN
+      DELETE FROM waiters WHERE op_id = p_op;
+    END IF;
+    IF NOT v.op_exists AND lease IS NOT NULL THEN  -- the usual grant, as one statement
+      WITH o AS (INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail)
+                 VALUES (p_op, p_kind, p_train, p_domain, 'active', p_now, p_now, '{}')),
+           l AS (INSERT INTO leases (host, op_id, domain, since, kind)
+                 SELECT h, p_op, p_domain, p_now, p_kind FROM unnest(lease) h)
+      INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+      VALUES (p_now, p_actor, p_op, 'lease', {json}(lease), format('took %s for %s', p_domain, p_train));
+      RETURN;
+    END IF;
     IF v.op_exists THEN
       UPDATE operations SET state = 'active', updated_at = p_now WHERE id = p_op;
     ELSE
       INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail)
       VALUES (p_op, p_kind, p_train, p_domain, 'active', p_now, p_now, '{}');
-    END IF;
-    IF v.waiting THEN
-      DELETE FROM waiters WHERE op_id = p_op;
     END IF;
     IF lease IS NOT NULL THEN
       INSERT INTO leases (host, op_id, domain, since, kind) SELECT h, p_op, p_domain, p_now, p_kind FROM unnest(lease) h;
@@ -248,27 +266,34 @@ RETURNS text[] LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $f$
 DECLARE
   held text[];
   dropped text[];
+  done boolean;  -- it holds nothing any more
 BEGIN
   PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
-  held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
-  IF p_only IS NULL THEN
-    dropped := held;
+  IF p_only IS NULL THEN  -- all it holds: what the delete finds is what it held
+    WITH d AS (DELETE FROM leases WHERE op_id = p_op RETURNING host)
+    SELECT coalesce(array_agg(host ORDER BY host COLLATE "C"), '{}') INTO dropped FROM d;
+    done := true;
   ELSE
+    held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
     dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
-  END IF;
-  IF array_to_string(dropped, '') !~ {plain} THEN
-    RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
-  END IF;
-  IF cardinality(dropped) > 0 THEN
-    IF cardinality(dropped) = cardinality(held) THEN
+    done := cardinality(dropped) = cardinality(held);
+    IF done AND cardinality(dropped) > 0 THEN
       DELETE FROM leases WHERE op_id = p_op;
-    ELSE
+    ELSIF cardinality(dropped) > 0 THEN
       DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
     END IF;
+  END IF;
+  IF array_to_string(dropped, '') !~ {plain} THEN  -- undoes the delete with the rest
+    RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
+  END IF;
+  IF cardinality(dropped) > 0 AND done THEN  -- the usual release, as one statement
+    WITH a AS (INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+               VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason))
+    UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
+  ELSIF cardinality(dropped) > 0 THEN
     INSERT INTO audit (at, actor, op_id, action, hosts, reason)
     VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason);
-  END IF;
-  IF cardinality(dropped) = cardinality(held) THEN  -- it holds nothing any more
+  ELSIF done THEN
     UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
   END IF;
   RETURN dropped;

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import random
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from typing import Any
 
 import pytest
@@ -156,6 +157,11 @@ def runs(pg: PostgresServer) -> dict[str, dict[str, Any]]:
             if p.is_alive():
                 p.kill()
                 p.join()
+        # The barrier's and queue's semaphores started spawn's resource tracker, a process that would
+        # otherwise outlive the session (tests/conftest.py counts it as left running): stop it.
+        out.close()
+        del barrier, out
+        resource_tracker._resource_tracker._stop()
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     res: dict[str, dict[str, Any]] = {}
     for sc in scenarios:

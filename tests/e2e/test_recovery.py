@@ -5,6 +5,8 @@ the `railyard_reconcile` DAG has run, with every host serving or in repair and n
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from urllib.parse import quote
 
@@ -104,14 +106,20 @@ def test_a_run_deleted_mid_stop_is_finished_by_the_reconciler(stack):
     hosts = list(stack.config.domain("pod-b").hosts)
     run = stack.trigger(dag)
     until("pod-b upgrading", lambda: any(h.state == HostState.UPGRADING for h in fleet.hosts(hosts)))
-    # Airflow deletes no running run: an impatient operator marks it failed, then its teardown failed too
-    # (it waits for the installs in flight), then deletes it; as a restored or wiped metadata DB would
-    stack.rest("PATCH", f"/dags/{dag}/dagRuns/{quote(run)}", json={"state": "failed"})
-    teardown = f"/dags/{dag}/dagRuns/{quote(run)}/taskInstances/pod-b.return_to_service"
-    until("the teardown marked failed", lambda: stack.rest("PATCH", teardown, ok=(200, 400, 404, 409),
-                                                            json={"new_state": "failed"}).get("task_instances"))
-    until("the run ended", lambda: stack.run_state(dag, run) in ("success", "failed"), timeout=300, every=1)
-    stack.rest("DELETE", f"/dags/{dag}/dagRuns/{quote(run)}", ok=(200, 204))
+    # Airflow deletes no running run: an impatient operator marks it failed, then its teardown failed too,
+    # then deletes it; as a restored or wiped metadata DB would. The fleet API is held still meanwhile
+    # (SIGSTOP), so that the teardown cannot finish the stop before it is marked failed.
+    assert stack.sim is not None
+    os.kill(stack.sim.pid, signal.SIGSTOP)
+    try:
+        stack.rest("PATCH", f"/dags/{dag}/dagRuns/{quote(run)}", json={"state": "failed"})
+        teardown = f"/dags/{dag}/dagRuns/{quote(run)}/taskInstances/pod-b.return_to_service"
+        until("the teardown marked failed", lambda: stack.rest("PATCH", teardown, ok=(200, 400, 404, 409),
+                                                                json={"new_state": "failed"}).get("task_instances"))
+        until("the run ended", lambda: stack.run_state(dag, run) in ("success", "failed"), timeout=300, every=1)
+        stack.rest("DELETE", f"/dags/{dag}/dagRuns/{quote(run)}", ok=(200, 204))
+    finally:
+        os.kill(stack.sim.pid, signal.SIGCONT)
     op = f"deleted/{run}/pod-b"
     led = ledger(stack)
     assert led.holdings(op)

@@ -32,18 +32,29 @@ class FixedSources:
 
 
 @pytest.fixture(scope="module")
-def auth():
-    """Airflow's SimpleAuthManager, as the api-server builds it; JWTs for three roles."""
+def auth(tmp_path_factory):
+    """Airflow's SimpleAuthManager, as the api-server builds it; JWTs for three roles. The token check
+    reads Airflow's metadata DB: this module gets one of its own, so that what other tests did to the
+    session's SQLite file (migrations, standalone servers, in-process runs) cannot reach it."""
     from airflow import settings
     from airflow.api_fastapi.app import create_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.configuration import conf
     from airflow.models.revoked_token import RevokedToken
 
-    RevokedToken.__table__.create(settings.engine, checkfirst=True)  # what a token check reads
-    am = create_auth_manager()
-    tokens = {role: am.generate_jwt(SimpleAuthManagerUser(username=f"{role}-1", role=role))
-              for role in ("admin", "user", "viewer")}
-    return tokens
+    before = conf.get("database", "sql_alchemy_conn")
+    db = tmp_path_factory.mktemp("ui-airflow-db") / "airflow.db"
+    conf.set("database", "sql_alchemy_conn", f"sqlite:///{db}")
+    settings.configure_orm()
+    try:
+        RevokedToken.__table__.create(settings.engine, checkfirst=True)  # what a token check reads
+        am = create_auth_manager()
+        yield {role: am.generate_jwt(SimpleAuthManagerUser(username=f"{role}-1", role=role))
+               for role in ("admin", "user", "viewer")}
+    finally:
+        settings.dispose_orm()
+        conf.set("database", "sql_alchemy_conn", before)
+        settings.configure_orm()
 
 
 @pytest.fixture

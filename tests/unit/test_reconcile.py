@@ -227,3 +227,16 @@ def test_the_demo_progress_line_says_what_a_stop_waits_for_and_who_holds_it(tmp_
     assert waiting_for(ledger, "pod-a", "wait_capacity") == " (capacity: pod-c held by t/crashed/pod-c)"
     assert waiting_for(ledger, "pod-a", "wait_checkpoints") == " (jobs checkpointing)"
     assert waiting_for(ledger, "pod-c", "drain") == ""
+
+
+def test_a_closing_check_never_passes_on_a_host_that_reports_no_version(tmp_path):
+    """Fail closed: a host whose versions say nothing of a component is checked against its target."""
+    from railyard.models import Host
+
+    cfg, clock, fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    s.closing = True
+    bare = Host(name="ha1", domain="pod-a", state=HostState.DRAINED, versions={})
+    assert s.expected(bare) == cfg.train_targets(cfg.train("t"))
+    half = Host(name="ha1", domain="pod-a", state=HostState.DRAINED, versions={"gpu-driver": "550.1"})
+    assert s.expected(half) == {"gpu-driver": "550.1", "fabric-manager": "570.86.15"}

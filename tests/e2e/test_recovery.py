@@ -16,6 +16,7 @@ from railyard.reconcile import AirflowApi, ReconcileError
 from railyard.stack import Stack, free_port
 from railyard.stop import budget_for
 from tests.support.configs import small_config, write_config
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.e2e
 ALL = ["driver-570", "firmware-96", "kernel-6-1-28"]
@@ -45,16 +46,6 @@ def stack(tmp_path_factory):
 
 def ledger(stack: Stack) -> Ledger:
     return Ledger(f"sqlite:///{stack.home}/ledger.db")
-
-
-def until(what: str, probe, timeout: float = 180, every: float = 0.2):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
 
 
 def run_reconciler(stack: Stack) -> None:

@@ -16,6 +16,7 @@ from railyard.ledger import Ledger
 from railyard.models import HostState
 from railyard.stack import Stack, free_port
 from tests.support.configs import small_config, write_config
+from tests.support.waiting import until as _until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,14 +70,8 @@ def browser(stack):
         driver.quit()
 
 
-def until(what: str, probe, timeout: float = 120, every: float = 0.3):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+def until(what, probe, timeout: float = 120, every: float = 0.3):  # noqa: ANN001, ANN201
+    return _until(what, probe, timeout, every)
 
 
 def ledger(stack: Stack) -> Ledger:

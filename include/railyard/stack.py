@@ -368,9 +368,16 @@ class Stack:
     def ensure_pool(self) -> None:
         body = {"name": self.config.pool, "slots": self.config.max_domains_down,
                 "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
-        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
-        if r.get("name") != self.config.pool:
-            self.rest("POST", "/pools", json=body)
+        for attempt in range(4):
+            try:
+                r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
+                if r.get("name") != self.config.pool:  # 409: a retried POST that had gone through
+                    self.rest("POST", "/pools", ok=(200, 201, 409), json=body)
+                return
+            except StackError as exc:  # SQLite busy just after start: retry, PATCH-then-POST is idempotent
+                if " 5" not in str(exc)[:60] or attempt == 3:
+                    raise
+                time.sleep(2)
 
     def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
         def present() -> bool:

@@ -87,7 +87,6 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
         catchup=False,
         max_active_runs=1,
         tags=["railyard", "train"],
-        params={"dry_run": Param(False, type="boolean", description="show the plan in the first task; touch nothing")},
         default_args={"retries": 0, "on_failure_callback": notifier},
         doc_md=f"Releases: {', '.join(train.releases)}. Domains: "
         + ", ".join(d.name for d in config.train_domains(train)),
@@ -111,7 +110,18 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             # a teardown: it runs whatever failed, and the run's state stays that of its stops
             end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
             [*prev] >> end.as_teardown()
+    _set_params(dag, {"dry_run": Param(False, type="boolean",
+                                       description="show the plan in the first task; touch nothing")})
     return dag
+
+
+def _set_params(dag: DAG, params: dict[str, Param]) -> None:
+    """The DAG's params (its trigger form), set once its tasks are built. Airflow merges a DAG's params into
+    each task's at run time; given to DAG(...) they are also deep-copied into every task at every level of its
+    `__init__` (thousands of copies for a train of 64 domains: a third of the parse time)."""
+    for name, param in params.items():
+        param.source = "dag"
+        dag.params[name] = param
 
 
 HOST_PICK_MAX = 4096  # beyond, the form takes typed host names only (a list of 75,000 is no picker)
@@ -158,7 +168,6 @@ def build_emergency_dag(path: str | None = None) -> DAG:
         catchup=False,
         max_active_runs=4,
         tags=["railyard", "emergency"],
-        params=params,
         default_args={"retries": 0, "on_failure_callback": EscalationNotifier(train_id="emergency", config_path=p)},
         doc_md="Fill in the form: releases, scope (domains and/or hosts), a reason. Nothing is touched "
         "before `plan` has validated it; `dry_run` stops there.",
@@ -169,6 +178,7 @@ def build_emergency_dag(path: str | None = None) -> DAG:
             take, _check, _ret = _stop_group(f"stop_{i}", "a stop of the plan", config, common,
                                              {"slot": f"stop_{i}"}, priority_weight=100)
             first >> take
+    _set_params(dag, params)
     return dag
 
 

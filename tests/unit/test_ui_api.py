@@ -45,7 +45,9 @@ def auth(tmp_path_factory):
     before = conf.get("database", "sql_alchemy_conn")
     db = tmp_path_factory.mktemp("ui-airflow-db") / "airflow.db"
     conf.set("database", "sql_alchemy_conn", f"sqlite:///{db}")
+    settings.configure_vars()  # configure_orm reads settings.SQL_ALCHEMY_CONN, set from conf here
     settings.configure_orm()
+    assert str(settings.engine.url).endswith(str(db)), settings.engine.url
     try:
         RevokedToken.__table__.create(settings.engine, checkfirst=True)  # what a token check reads
         am = create_auth_manager()
@@ -54,6 +56,7 @@ def auth(tmp_path_factory):
     finally:
         settings.dispose_orm()
         conf.set("database", "sql_alchemy_conn", before)
+        settings.configure_vars()
         settings.configure_orm()
 
 

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.dataclasses import dataclass
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -52,7 +53,11 @@ MAINTENANCE_STATES = frozenset(
 BROKEN_STATES = frozenset({HostState.FAILED, HostState.REPAIR})
 
 
-class Host(Strict):
+@dataclass(frozen=True, slots=True, kw_only=True, config=ConfigDict(extra="forbid"))
+class Host:
+    """A pydantic dataclass rather than a model: the whole fleet is read at every plan, drift and task that
+    looks at it, and 76,800 hosts validate from JSON in half the time (bench/bench_plan.py)."""
+
     name: FleetToken
     domain: FleetToken
     sku: FleetToken = "gpu"

@@ -3,10 +3,8 @@ dodged domains are visited last. The simulator is the fleet; faults are injected
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -14,25 +12,13 @@ from railyard.ledger import Ledger
 from railyard.models import MAINTENANCE_STATES, HostState
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
+from tests.support.webhook import webhook_server
 
 
 @pytest.fixture
 def webhook():
-    got: list[dict] = []
-
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}/hook", got
-    srv.shutdown()
+    with webhook_server() as (url, got):
+        yield url, got
 
 
 def no_host_left_out(fleet) -> None:

@@ -15,7 +15,6 @@ import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from railyard.ledger import Ledger
 from railyard.stop import Stop
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
+from tests.support.webhook import webhook_server
 
 HOOK_SECRET = "hk-0e4c8a2f6b1d3e5a7c9b"
 
@@ -113,22 +113,8 @@ def test_the_hook_builds_an_authenticated_fleet_from_the_connection(tmp_path, mo
 # ---- the whole train -------------------------------------------------------------------------------------
 @pytest.fixture
 def secret_webhook():
-    got: list[dict] = []
-
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            assert HOOK_SECRET in self.path  # the secret is what routes it
-            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}/services/{HOOK_SECRET}?key={HOOK_SECRET}", got
-    srv.shutdown()
+    with webhook_server(f"/services/{HOOK_SECRET}?key={HOOK_SECRET}", must_hold=HOOK_SECRET) as (url, got):
+        yield url, got
 
 
 def _trigger_rows() -> list[tuple[int, str, str, dict]]:

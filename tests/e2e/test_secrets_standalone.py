@@ -16,7 +16,6 @@ import json
 import sqlite3
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -24,6 +23,7 @@ from railyard.ledger import Ledger
 from railyard.stack import Stack, free_port
 from railyard.stop import Stop
 from tests.support.configs import small_config, write_config
+from tests.support.webhook import webhook_server
 
 pytestmark = pytest.mark.e2e
 
@@ -33,21 +33,8 @@ HOOK_SECRET = "hk-e2e-3b5d7f9a1c2e4f6a8b"
 
 @pytest.fixture
 def webhook():
-    got: list[dict] = []
-
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}/services/{HOOK_SECRET}?key={HOOK_SECRET}", got
-    srv.shutdown()
+    with webhook_server(f"/services/{HOOK_SECRET}?key={HOOK_SECRET}") as (url, got):
+        yield url, got
 
 
 def trigger_kwargs(stack: Stack) -> list[tuple[str, str, str]]:

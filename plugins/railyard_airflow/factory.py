@@ -182,6 +182,16 @@ def build_emergency_dag(path: str | None = None) -> DAG:
     return dag
 
 
+def _single_task_dag(config: RailyardConfig, path: str, *, dag_id: str, description: str, schedule: str | None,
+                     tag: str, operator: type, task_id: str, timeout: timedelta, doc_md: str,
+                     params: dict[str, Param] | None = None) -> DAG:
+    """A DAG of one Railyard task (release action, repair gate, reconciler), one run at a time."""
+    with DAG(dag_id=dag_id, description=description, schedule=schedule, start_date=START, catchup=False,
+             max_active_runs=1, tags=["railyard", tag], params=params or {}, doc_md=doc_md) as dag:
+        operator(task_id=task_id, fleet_conn_id=config.fleet.connection, config_path=path, execution_timeout=timeout)
+    return dag
+
+
 def build_release_dag(path: str | None = None) -> DAG:
     """Triggered by hand: promote, halt or resume a release, with a reason; audited with the user."""
     p = str(config_path(path))
@@ -193,39 +203,24 @@ def build_release_dag(path: str | None = None) -> DAG:
                         description="promote to the next phase, halt (trains stop applying it) or resume"),
         "reason": Param(None, type=["null", "string"], description="why (required; at least 10 characters)"),
     }
-    with DAG(
-        dag_id="railyard_releases",
-        description="Promote, halt or resume a release's rollout",
-        schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=["railyard", "release"],
-        params=params,
-        doc_md="Phases: canary -> staged -> fleet. `railyard release list` shows where each release is.",
-    ) as dag:
-        ReleaseActionOperator(task_id="apply", fleet_conn_id=config.fleet.connection, config_path=p,
-                              execution_timeout=timedelta(minutes=2))
-    return dag
+    return _single_task_dag(
+        config, p, dag_id="railyard_releases", description="Promote, halt or resume a release's rollout",
+        schedule=None, tag="release", operator=ReleaseActionOperator, task_id="apply",
+        timeout=timedelta(minutes=2), params=params,
+        doc_md="Phases: canary -> staged -> fleet. `railyard release list` shows where each release is.")
 
 
 def build_repair_dag(path: str | None = None) -> DAG:
     """Every 15 minutes: hosts whose repair is done are upgraded, checked and returned, or kept."""
     p = str(config_path(path))
     config = load_config(p)
-    with DAG(
-        dag_id="railyard_repairs",
-        description="Return repaired hosts through the health gate",
-        schedule="*/15 * * * *",
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=["railyard", "repair"],
-    ) as dag:
-        RepairGateOperator(task_id="gate_repaired_hosts", fleet_conn_id=config.fleet.connection, config_path=p,
-                           execution_timeout=timedelta(seconds=config.timeouts.upgrade_s + config.timeouts.check_s)
-                           + MARGIN)
-    return dag
+    t = config.timeouts
+    return _single_task_dag(
+        config, p, dag_id="railyard_repairs", description="Return repaired hosts through the health gate",
+        schedule="*/15 * * * *", tag="repair", operator=RepairGateOperator, task_id="gate_repaired_hosts",
+        timeout=timedelta(seconds=t.upgrade_s + t.check_s) + MARGIN,
+        doc_md="Hosts whose repair is done are upgraded to the targets frozen when they were offboarded, "
+        "checked, and returned; a host that fails stays in repair, and its next attempt is a fresh operation.")
 
 
 def build_reconcile_dag(path: str | None = None) -> DAG:
@@ -234,23 +229,15 @@ def build_reconcile_dag(path: str | None = None) -> DAG:
     p = str(config_path(path))
     config = load_config(p)
     t = config.timeouts
-    with DAG(
-        dag_id="railyard_reconcile",
+    return _single_task_dag(
+        config, p, dag_id="railyard_reconcile",
         description="Finish the stops of runs that are gone; release their leases safely",
-        schedule="*/10 * * * *",
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        tags=["railyard", "recovery"],
+        schedule="*/10 * * * *", tag="recovery", operator=ReconcileOperator, task_id="reconcile",
+        timeout=timedelta(seconds=t.drain_s + t.upgrade_s + t.check_s + t.return_s) + MARGIN,
         doc_md="Leases never expire. A run marked failed or deleted mid-stop leaves its hosts out and its "
         "lease held: this DAG finds such operations (asking Airflow about each one's run) and finishes "
         "their stop through its teardown. `railyard ops` lists what is held; `railyard reconcile` does "
-        "the same from a shell.",
-    ) as dag:
-        ReconcileOperator(task_id="reconcile", fleet_conn_id=config.fleet.connection, config_path=p,
-                          execution_timeout=timedelta(seconds=t.drain_s + t.upgrade_s + t.check_s + t.return_s)
-                          + MARGIN)
-    return dag
+        "the same from a shell.")
 
 
 def build_train_dags(path: str | None = None) -> dict[str, DAG]:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from railyard.stack import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 MARKER = "RAILYARD_DISTRIBUTED_STACK"  # in the environment of every process the stack starts
@@ -164,12 +166,6 @@ def reference_settings() -> dict:
 
 
 # ---- processes --------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tree(pid: int) -> list:
     """The process and every descendant it has now (psutil.Process objects; identity-safe for kill)."""
     import psutil
@@ -244,8 +240,8 @@ class DistributedStack:
         self.config_file = Path(self.config_file).resolve()
         self.config = load_config(self.config_file)
         self.id = secrets.token_hex(6)
-        self.api_port = _free_port()
-        self.sim_port = _free_port()
+        self.api_port = free_port()
+        self.sim_port = free_port()
         self.fleet_token = secrets.token_urlsafe(24)
         self.admin_password = secrets.token_urlsafe(12)
         self._jwt_secret = secrets.token_urlsafe(32)
@@ -256,7 +252,7 @@ class DistributedStack:
         self._pg_root: Path | None = None
         self._token: str | None = None
         self.leftovers: list[str] = []  # processes that outlived their component's graceful stop
-        self._trigger_log_port = _free_port()
+        self._trigger_log_port = free_port()
         self._service_pids: dict[str, int] = {}  # postgres, redis
 
     # ---- paths and URLs ---------------------------------------------------------------------------------

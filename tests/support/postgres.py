@@ -50,17 +50,6 @@ def binaries() -> tuple[Path, Path]:
                        "(apt-get install postgresql; binaries in /usr/lib/postgresql/*/bin)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _group_members(pgid: int) -> list[int]:
     """Live processes whose process group is `pgid`."""
     out = []

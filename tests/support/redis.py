@@ -16,13 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from railyard.stack import free_port
+
 REDIS_SERVER = "redis-server"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:
@@ -30,7 +26,7 @@ class RedisServer:
 
     def __init__(self, root: Path, port: int | None = None):
         self.root = Path(root)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.log = self.root / "redis.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.waiting import alive
+
 PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
 NEEDED = ("munged", "mungekey", "slurmctld", "slurmd", "slurmrestd", "sinfo", "scontrol")
 
@@ -49,17 +51,6 @@ def find_port_block(count: int, lo: int = 16000, hi: int = 18000, seed: int | No
         if all(_port_free(p) for p in range(base, base + count)):
             return base
     raise RuntimeError(f"no block of {count} free ports in {lo}-{hi}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 class SlurmCluster:
@@ -203,7 +194,7 @@ PartitionName=gpu Nodes=ALL Default=YES DefaultTime=30 MaxTime=INFINITE State=UP
         """Start slurmctld; without `clear` it recovers the saved state (as after a crash)."""
         argv = ["slurmctld", "-f", str(self.conf)] + (["-c"] if clear else [])
         subprocess.run(argv, check=True, capture_output=True, env=self.env())
-        self._wait("slurmctld pid file", lambda: _alive(self._pidfile("slurmctld")))
+        self._wait("slurmctld pid file", lambda: alive(self._pidfile("slurmctld")))
         self.pids["slurmctld"] = self._pidfile("slurmctld")
         self._wait("slurmctld answering", lambda: "UP" in self.cli("scontrol", "ping", check=False).stdout)
 
@@ -211,7 +202,7 @@ PartitionName=gpu Nodes=ALL Default=YES DefaultTime=30 MaxTime=INFINITE State=UP
         """SIGKILL the controller: no chance to save anything on the way out."""
         pid = self.pids.pop("slurmctld")
         os.kill(pid, signal.SIGKILL)
-        self._wait("slurmctld gone", lambda: not _alive(pid), timeout=10)
+        self._wait("slurmctld gone", lambda: not alive(pid), timeout=10)
 
     def _start_rest(self) -> None:
         env = self.env() | {"SLURM_JWT": "daemon"}  # slurmrestd only; never the controller or the CLI
@@ -250,7 +241,7 @@ PartitionName=gpu Nodes=ALL Default=YES DefaultTime=30 MaxTime=INFINITE State=UP
 
     def stop(self) -> None:
         """Cancel every job, then end the processes this cluster started (and their job steps)."""
-        if "slurmctld" in self.pids and _alive(self.pids["slurmctld"]):
+        if "slurmctld" in self.pids and alive(self.pids["slurmctld"]):
             ids = self.cli("squeue", "-h", "-o", "%i", check=False).stdout.split()
             if ids:
                 self.cli("scancel", *ids, check=False)
@@ -265,20 +256,20 @@ PartitionName=gpu Nodes=ALL Default=YES DefaultTime=30 MaxTime=INFINITE State=UP
         order = ["slurmrestd"] + [k for k in self.pids if k.startswith("slurmd-")] + ["slurmctld"]
         victims += [self.pids[k] for k in order if k in self.pids]
         for pid in victims:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in victims):
+        while time.monotonic() < deadline and any(alive(p) for p in victims):
             time.sleep(0.1)
         for pid in victims:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        if "munged" in self.pids and _alive(self.pids["munged"]):
+        if "munged" in self.pids and alive(self.pids["munged"]):
             os.kill(self.pids["munged"], signal.SIGTERM)
             deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and _alive(self.pids["munged"]):
+            while time.monotonic() < deadline and alive(self.pids["munged"]):
                 time.sleep(0.1)
-            if _alive(self.pids["munged"]):
+            if alive(self.pids["munged"]):
                 os.kill(self.pids["munged"], signal.SIGKILL)
         if getattr(self, "_rest_proc", None) is not None:
             self._rest_proc.wait(timeout=5)

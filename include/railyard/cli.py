@@ -76,13 +76,13 @@ def _fleet(args: argparse.Namespace, cfg: RailyardConfig) -> Fleet:
     return HttpFleet(url, token=env_token(), retries=1, connect_timeout=2)
 
 
-def unreadable_fleet(cmd: str, cfg: RailyardConfig, exc: Exception) -> str:
+def unreadable_fleet(cmd: str, backend: str, exc: Exception) -> str:
     """One line: which fleet could not be read, why, and what would make it readable."""
     hint = ""
-    if cfg.fleet.backend == "http":
+    if backend == "http":
         hint = ("; start the simulator (`railyard sim serve`) or name the fleet API (--fleet-url or "
                 "RAILYARD_FLEET_URL)")
-    return f"{cmd}: the fleet ({cfg.fleet.backend}) cannot be read: {exc}{hint}"
+    return f"{cmd}: the fleet ({backend}) cannot be read: {exc}{hint}"
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -130,11 +130,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"plan: {exc.args[0]}", file=sys.stderr)
         return 2
-    try:
-        p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
-    except FleetError as exc:
-        print(unreadable_fleet("plan", cfg, exc), file=sys.stderr)
-        return 4
+    p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
     print(json.dumps(p, indent=1) if args.json else describe_plan(p))
     return 3 if p["violations"] else 0
 
@@ -146,12 +142,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from railyard.releases import describe_drift, drift, drift_chart
 
     cfg = load_config(args.config)
-    try:
-        fleet = _fleet(args, cfg)
-        d = drift(cfg, fleet.hosts(), fleet.now())
-    except FleetError as exc:
-        print(unreadable_fleet("drift", cfg, exc), file=sys.stderr)
-        return 4
+    fleet = _fleet(args, cfg)
+    d = drift(cfg, fleet.hosts(), fleet.now())
     print(json.dumps(d, indent=1) if args.json else describe_drift(d))
     if args.png:
         drift_chart(d, args.png)
@@ -202,9 +194,6 @@ def cmd_lease(args: argparse.Namespace) -> int:
     except ControlError as exc:
         print(f"lease release: {exc}", file=sys.stderr)
         return 2
-    except FleetError as exc:
-        print(unreadable_fleet("lease release", cfg, exc), file=sys.stderr)
-        return 4
     print(f"{out['op']}: released {len(out['released'])} host(s)"
           + (f"; sent to repair: {', '.join(out['to_repair'])}" if out["to_repair"] else ""))
     return 0
@@ -221,9 +210,6 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                         actor=args.actor or "reconciler", only=args.op or None)
     except ReconcileError as exc:
         print(f"reconcile: {exc}", file=sys.stderr)
-        return 4
-    except FleetError as exc:
-        print(unreadable_fleet("reconcile", cfg, exc), file=sys.stderr)
         return 4
     for r in out:
         extra = (f": returned {r['returned']}, to repair {', '.join(r['to_repair']) or 'none'}" if r["action"] == "closed"
@@ -436,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a bad config: every problem named by field and value, exit 1
         print(exc, file=sys.stderr)
         return 1
+    except FleetError as exc:  # the fleet could not be read (plan, drift, lease release, reconcile...): exit 4
+        backend = load_config(getattr(args, "config", None)).fleet.backend  # it loaded before the fleet was read
+        print(unreadable_fleet("lease release" if args.cmd == "lease" else args.cmd, backend, exc), file=sys.stderr)
+        return 4
 
 
 if __name__ == "__main__":

@@ -49,11 +49,6 @@ def farm(cluster: SlurmCluster, tmp_path_factory) -> Iterator[SshdFarm]:
         f.stop()
 
 
-@pytest.fixture(scope="module")
-def airflow_db():
-    subprocess.run([f"{sys.prefix}/bin/airflow", "db", "migrate"], check=True, capture_output=True)
-
-
 @pytest.fixture
 def fresh(cluster: SlurmCluster, farm: SshdFarm):
     def make(profiles: dict[str, str]) -> None:

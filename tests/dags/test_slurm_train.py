@@ -4,8 +4,6 @@ Slurm cluster with running batch jobs that checkpoint when signalled."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -22,11 +20,6 @@ from tests.support.slurm_train import Sampler
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
     yield from running_cluster()
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    subprocess.run([f"{sys.prefix}/bin/airflow", "db", "migrate"], check=True, capture_output=True)
 
 
 def test_train_dag_on_slurm(cluster: SlurmCluster, airflow_db, tmp_path, monkeypatch):

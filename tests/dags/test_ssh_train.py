@@ -7,8 +7,6 @@ the reason its tool gave; never more than one domain out (replayed from the SshF
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -33,11 +31,6 @@ FAULTS = {
     "gpu-d03": ("dcgm_pcie", "health check failed: dcgmi diag -r 2: PCIe on GPU 5: Found 667 PCIe replays on GPU 5 "
                              "(threshold 250)"),
 }
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    subprocess.run([f"{sys.prefix}/bin/airflow", "db", "migrate"], check=True, capture_output=True)
 
 
 @pytest.fixture

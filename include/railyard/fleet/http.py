@@ -13,6 +13,7 @@ carries the token or the password: whatever the server says is scrubbed of them 
 from __future__ import annotations
 
 import base64
+import gc
 import logging
 import os
 import time
@@ -199,7 +200,13 @@ class HttpFleet:
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _parse(self, adapter: TypeAdapter[T], content: bytes, path: str) -> T:
-        """A bulk answer, parsed and validated; one that does not validate is the fleet's error."""
+        """A bulk answer, parsed and validated; one that does not validate is the fleet's error.
+
+        The cyclic garbage collector is paused meanwhile: validation builds hundreds of thousands of objects
+        (the whole fleet's hosts and their versions), none of them in a cycle, and the collections that many
+        allocations set off cost a third of the parse (0.1 s at 76,800 hosts)."""
+        paused = gc.isenabled()
+        gc.disable()
         try:
             return adapter.validate_json(content)
         except ValidationError as exc:
@@ -208,6 +215,9 @@ class HttpFleet:
             raise FleetError(self._scrub(f"fleet at {self.base_url}: GET {path} answered data that does not "
                                          f"validate ({exc.error_count()} error(s); first at {where or 'top'}: "
                                          f"{first.get('msg')})")) from None
+        finally:
+            if paused:
+                gc.enable()
 
     def _call(self, method: str, path: str, *, params: dict[str, str] | None = None, body: Any = None,
               raw: bool = False) -> Any:

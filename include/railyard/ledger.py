@@ -116,6 +116,19 @@ audit = Table(
     Index("ix_audit_op_id", "op_id"),
 )
 
+# The fleet's serving capacity as stops saw it (after each drain and each return), on the fleet clock: the
+# Railyard page's chart for fleets that keep no history of their own (SSH, Slurm).
+capacity_samples = Table(
+    "capacity_samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("serving", Integer, nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("op_id", String(255)),
+    Index("ix_capacity_samples_at", "at"),
+)
+
 switches = Table(
     "switches",
     metadata,
@@ -527,6 +540,17 @@ class Ledger:
         with self.engine.begin() as c:
             c.execute(visits.delete().where(visits.c.train == train, visits.c.domain == domain))
             c.execute(insert(visits).values(train=train, domain=domain, at=at, op_id=op_id))
+
+    def sample_capacity(self, at: float, serving: int, total: int, op_id: str | None = None) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(capacity_samples).values(at=at, serving=serving, total=total, op_id=op_id))
+
+    def capacity_history(self, limit: int = 600) -> list[dict[str, Any]]:
+        """The newest `limit` capacity samples, oldest first: {"t", "serving", "total", "op"}."""
+        q = select(capacity_samples).order_by(capacity_samples.c.at.desc(), capacity_samples.c.id.desc()).limit(limit)
+        with self.engine.connect() as c:
+            rows = [{"t": r.at, "serving": r.serving, "total": r.total, "op": r.op_id} for r in c.execute(q)]
+        return rows[::-1]
 
     def last_visits(self, train: str) -> dict[str, float]:
         with self.engine.connect() as c:

@@ -17,7 +17,7 @@ from typing import Any
 
 from railyard import releases, windows
 from railyard.config import DomainSpec, RailyardConfig, TimeoutsSpec, TrainSpec
-from railyard.fleet.port import Fleet
+from railyard.fleet.port import Fleet, FleetError
 from railyard.ledger import Decision, Ledger
 from railyard.models import BROKEN_STATES, Host, HostState, Job
 from railyard.planning import budget_for, pending_steps, pool_hosts, stop_estimate_s
@@ -392,7 +392,18 @@ class Stop:
             return not left, f"drained {len(now) - len(left)}/{len(now)}"
 
         self._wait("drain", self.timeouts.drain_s, probe)
+        self._sample_capacity()
         return {"drained": len(to_drain)}
+
+    def _sample_capacity(self) -> None:
+        """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart. Not worth
+        failing a stop for: a fleet that cannot say it leaves the chart a point shorter."""
+        try:
+            cap = self.fleet.capacity()
+        except FleetError as exc:
+            self.say(f"{self.domain.name}: capacity not sampled: {exc}")
+            return
+        self.ledger.sample_capacity(cap.now, cap.serving_hosts, cap.total_hosts, self.op_id)
 
     # ---- 4. upgrade ----------------------------------------------------------------------------
     def upgrade(self) -> dict[str, Any]:
@@ -546,6 +557,7 @@ class Stop:
         out = [h.name for h in final if h.state not in (HostState.SERVING, *BROKEN_STATES)]
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
+        self._sample_capacity()
         repaired = self.offboarded()
         why = f"returned {len(back)}, to repair {len(repaired)}" + (" (closing: its run is gone)" if self.closing else "")
         if self.op_id.startswith("repair/"):

@@ -126,6 +126,21 @@ def test_a_request_not_logged_in_is_refused(stack) -> None:
     assert {"name": "Railyard", "href": "/railyard/"}.items() <= next(v for v in views if v["name"] == "Railyard").items()
 
 
+def test_the_trains_carry_airflow_s_own_schedule(stack) -> None:
+    """Paused or not, and the next scheduled run, come from Airflow's records of the train DAGs (a bearer
+    token from Airflow's own login works as the page's cookie does)."""
+    h = {"Authorization": f"Bearer {stack.token()}"}
+    ts = {t["id"]: t for t in requests.get(f"{stack.api}/railyard/api/trains", headers=h, timeout=30).json()}
+    assert ts["demo"]["paused"] is False and ts["kernel"]["paused"] is False  # the stack creates DAGs unpaused
+    assert ts["demo"]["next_run"] is None and ts["kernel"]["next_run"] is None  # no schedule: no next run
+    stack.rest("PATCH", "/dags/railyard_train_kernel", json={"is_paused": True})
+    try:
+        ts = {t["id"]: t for t in requests.get(f"{stack.api}/railyard/api/trains", headers=h, timeout=30).json()}
+        assert ts["kernel"]["paused"] is True and ts["demo"]["paused"] is False
+    finally:
+        stack.rest("PATCH", "/dags/railyard_train_kernel", json={"is_paused": False})
+
+
 def test_the_page_follows_a_train(stack, browser) -> None:
     from selenium.webdriver.common.by import By
 

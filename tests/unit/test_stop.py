@@ -90,6 +90,11 @@ def test_a_stop_upgrades_verifies_and_returns(tmp_path):
     # the jobs checkpointed on request just before the drain: they lost seconds, not the cadence
     assert audit["interruptions"] and audit["max_lost_s"] < 120
     assert ledger.holdings() == {} and ledger.operation(s.op_id)["state"] == "done"
+    # the fleet's capacity, as the stop saw it after its drain and after its return (the page's chart)
+    total = len(fleet.hosts())
+    drained, back = ledger.capacity_history()
+    assert (drained["serving"], drained["total"], drained["op"]) == (total - 4, total, s.op_id)
+    assert (back["serving"], back["total"]) == (total, total) and back["t"] > drained["t"]
 
 
 def test_every_step_run_twice_changes_nothing(tmp_path):

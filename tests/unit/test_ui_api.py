@@ -30,6 +30,10 @@ class FixedSources:
     def __init__(self, config, fleet, ledger) -> None:  # noqa: ANN001
         self.config, self.fleet, self.ledger = config, fleet, ledger
 
+    def schedule(self) -> dict:
+        """What Airflow's metadata DB says of the train DAGs (tests/e2e/test_ui_page.py reads a real one)."""
+        return {"railyard_train_demo": {"paused": False, "next_run": "2026-01-02T03:00:00+00:00"}}
+
 
 @pytest.fixture(scope="module")
 def auth(tmp_path_factory):
@@ -116,6 +120,7 @@ def test_a_leased_domain_shows_out_with_its_operation_and_run(world, auth) -> No
     assert rel["driver-570"]["phased"] and rel["driver-570"]["phase"] == "canary" and not rel["driver-570"]["halted"]
     assert body["releases"]["drift"]["gpu-driver"]["versions"] == {"550.127.08": 12}
     assert body["trains"][0]["id"] == "demo" and len(body["trains"][0]["domains"]) == 3
+    assert body["trains"][0]["next_run"] == "2026-01-02T03:00:00+00:00" and body["trains"][0]["paused"] is False
     assert body["freeze"]["on"] is False and body["user"] == "viewer-1"
 
 
@@ -178,3 +183,33 @@ def test_host_history_and_the_page(world, auth) -> None:
     assert client.get("/api/hosts/nope", headers=as_(auth, "viewer")).status_code == 404
     page = client.get("/", headers=as_(auth, "viewer"))
     assert page.status_code == 200 and "<svg" in page.text and "Railyard" in page.text
+
+
+class NoHistoryFleet:
+    """A fleet that keeps no capacity history of its own (as the SSH and Slurm backends): no `samples`."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name == "samples":
+            raise AttributeError(name)
+        return getattr(self._engine, name)
+
+
+def test_capacity_over_time_comes_from_the_ledger_when_the_fleet_keeps_none(world, auth) -> None:
+    cfg, fleet, ledger, _client = world
+    client = client_of(cfg, NoHistoryFleet(fleet), ledger)
+    ledger.sample_capacity(900.0, 12, 12, "demo/r1/pod-a")
+    ledger.sample_capacity(950.0, 8, 12, "demo/r1/pod-a")  # after pod-a's drain
+    ledger.sample_capacity(990.0, 12, 12, "demo/r1/pod-a")  # after its return
+    cap = client.get("/api/capacity", headers=as_(auth, "viewer")).json()
+    assert [(p["t"], p["serving"]) for p in cap["history"]] == [(900.0, 1.0), (950.0, 8 / 12), (990.0, 1.0),
+                                                                 (fleet.now(), 1.0)]  # the last: the fleet now
+    # a fleet that keeps its own history (the simulator) is charted from it, not from the ledger
+    own = client_of(cfg, fleet, ledger).get("/api/capacity", headers=as_(auth, "viewer")).json()["history"]
+    assert 900.0 not in [p["t"] for p in own]
+
+
+def client_of(cfg, fleet, ledger) -> TestClient:  # noqa: ANN001
+    return TestClient(ui_app.create_app(FixedSources(cfg, fleet, ledger)))

@@ -46,6 +46,22 @@ class Sources:
     def fleet(self) -> Any:
         return _fleet(self.config.fleet.connection)
 
+    def schedule(self) -> dict[str, dict[str, Any]]:
+        """Per train DAG, from Airflow's metadata DB: paused or not, and when its next scheduled run is due
+        (None for a DAG without a schedule, or not parsed yet)."""
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        from railyard.reconcile import dag_id_for
+
+        ids = [dag_id_for(t.id) for t in self.config.trains]
+        with create_session() as session:
+            rows = session.execute(select(DagModel.dag_id, DagModel.is_paused, DagModel.next_dagrun_create_after)
+                                   .where(DagModel.dag_id.in_(ids))).all()
+        return {d: {"paused": bool(paused), "next_run": at.isoformat() if at is not None else None}
+                for d, paused, at in rows}
+
 
 @lru_cache(maxsize=2)
 def _fleet(conn_id: str) -> Any:
@@ -120,7 +136,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     @app.get("/api/overview")
     def overview(request: Request, user: User) -> dict[str, Any]:
         s = src(request)
-        return views.overview(s.config, s.fleet, s.ledger) | {"user": user_name(user)}
+        return views.overview(s.config, s.fleet, s.ledger, s.schedule()) | {"user": user_name(user)}
 
     @app.get("/api/map")
     def fleet_map(request: Request, user: User) -> dict[str, Any]:
@@ -130,7 +146,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     @app.get("/api/capacity")
     def capacity(request: Request, user: User) -> dict[str, Any]:
         s = src(request)
-        return views.capacity(s.config, s.fleet, s.fleet.hosts())
+        return views.capacity(s.config, s.fleet, s.fleet.hosts(), s.ledger)
 
     @app.get("/api/buffers")
     def buffers(request: Request, user: User) -> list[dict[str, Any]]:
@@ -140,7 +156,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     @app.get("/api/trains")
     def trains(request: Request, user: User) -> list[dict[str, Any]]:
         s = src(request)
-        return views.trains(s.config, s.ledger, s.fleet.now())
+        return views.trains(s.config, s.ledger, s.fleet.now(), s.schedule())
 
     @app.get("/api/releases")
     def releases(request: Request, user: User) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
 from railyard.planning import budget_for
-from railyard.reconcile import owner_of
+from railyard.reconcile import dag_id_for, owner_of
 from railyard.releases import Rollout, drift
 
 HISTORY_POINTS = 600  # capacity samples sent to the page (the newest)
@@ -58,9 +58,10 @@ def fleet_map(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> dict
     return {"domains": domains, "by_state": dict(sorted(counts.items())), "total": len(hosts)}
 
 
-def capacity(config: RailyardConfig, fleet: Fleet, hosts: list[Host]) -> dict[str, Any]:
-    """Serving fraction now, its history (the fleet's capacity samples when it keeps them), the
-    floor the buffers define and the `1 - max_domains_down/N` line."""
+def capacity(config: RailyardConfig, fleet: Fleet, hosts: list[Host], ledger: Ledger) -> dict[str, Any]:
+    """Serving fraction now, its history (the fleet's own capacity samples when it keeps them, as the
+    simulator does; else those the stops recorded in the ledger after each drain and return), the floor the
+    buffers define and the `1 - max_domains_down/N` line."""
     total = len(hosts) or 1
     serving = sum(1 for h in hosts if h.state == HostState.SERVING)
     floors = {}
@@ -73,8 +74,11 @@ def capacity(config: RailyardConfig, fleet: Fleet, hosts: list[Host]) -> dict[st
         try:
             for s in samples()[-HISTORY_POINTS:]:
                 history.append({"t": float(s["t"]), "serving": s["serving"] / total})
-        except Exception:  # a fleet without a capacity history: the page shows the point now
+        except Exception:  # a fleet without a capacity history of its own: the ledger's below
             history = []
+    if not history:
+        history = [{"t": r["t"], "serving": r["serving"] / max(r["total"], 1)}
+                   for r in ledger.capacity_history(HISTORY_POINTS)]
     now = fleet.now()
     history.append({"t": now, "serving": serving / total})
     n = len(config.domains)
@@ -101,8 +105,11 @@ def buffers(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> list[d
     return out
 
 
-def trains(config: RailyardConfig, ledger: Ledger, now: float) -> list[dict[str, Any]]:
-    """Per train: the last visit of each domain (fleet clock), overdue ones by cycle_days, the schedule."""
+def trains(config: RailyardConfig, ledger: Ledger, now: float,
+           schedule: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Per train: the last visit of each domain (fleet clock), overdue ones by cycle_days, the schedule, and
+    from Airflow (`schedule`, by DAG id) whether its DAG is paused and when its next scheduled run is due."""
+    schedule = schedule or {}
     out = []
     for t in config.trains:
         visits = ledger.last_visits(t.id)
@@ -113,7 +120,10 @@ def trains(config: RailyardConfig, ledger: Ledger, now: float) -> list[dict[str,
             age_days = (now - last) / 86400 if last is not None else None
             overdue = t.cycle_days is not None and (age_days is None or age_days > t.cycle_days)
             rows.append({"domain": d, "last_visit": last, "age_days": age_days, "overdue": overdue})
-        out.append({"id": t.id, "dag_id": "railyard_train_" + t.id, "schedule": t.schedule,
+        dag_id = dag_id_for(t.id)
+        airflow = schedule.get(dag_id, {})
+        out.append({"id": t.id, "dag_id": dag_id, "schedule": t.schedule,
+                    "next_run": airflow.get("next_run"), "paused": airflow.get("paused"),
                     "cycle_days": t.cycle_days, "domains": rows,
                     "overdue": [r["domain"] for r in rows if r["overdue"]]})
     return out
@@ -157,16 +167,17 @@ def host_history(ledger: Ledger, host: str) -> dict[str, Any]:
     return ledger.host_history(host)
 
 
-def overview(config: RailyardConfig, fleet: Fleet, ledger: Ledger) -> dict[str, Any]:
+def overview(config: RailyardConfig, fleet: Fleet, ledger: Ledger,
+             schedule: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Everything the page shows, from one read of the fleet."""
     t0 = time.monotonic()
     hosts = fleet.hosts()
     now = fleet.now()
     out = {
         "map": fleet_map(config, hosts, ledger),
-        "capacity": capacity(config, fleet, hosts),
+        "capacity": capacity(config, fleet, hosts, ledger),
         "buffers": buffers(config, hosts, ledger),
-        "trains": trains(config, ledger, now),
+        "trains": trains(config, ledger, now, schedule),
         "releases": releases(config, ledger, hosts, now),
         **operations(ledger),
         "emergency_dag": "railyard_emergency",

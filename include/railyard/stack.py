@@ -349,18 +349,20 @@ class Stack:
             raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
         return str(r.json()["access_token"])
 
-    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0,
-             **kw: Any) -> dict[str, Any]:
+    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0, *,
+             retry: bool = False, **kw: Any) -> dict[str, Any]:
+        """One call of Airflow's REST API. A 5xx (SQLite under standalone is sometimes briefly locked) is
+        retried for GET and PATCH, and for a POST the caller made idempotent (`retry`: its own id, 409 in `ok`)."""
         if self._token is None:
             self._token = self.token()
         r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
                              timeout=30, **kw)
         if r.status_code == 401:
             self._token = self.token()
-            return self.rest(method, path, ok, **kw)
-        if r.status_code >= 500 and method in ("GET", "PATCH") and _tries < 3:
-            time.sleep(1)  # SQLite under standalone is sometimes briefly locked; these calls are idempotent
-            return self.rest(method, path, ok, _tries + 1, **kw)
+            return self.rest(method, path, ok, retry=retry, **kw)
+        if r.status_code >= 500 and (retry or method in ("GET", "PATCH")) and _tries < 3:
+            time.sleep(1)
+            return self.rest(method, path, ok, _tries + 1, retry=retry, **kw)
         if r.status_code not in ok:
             raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
         return r.json() if r.content else {}
@@ -368,16 +370,9 @@ class Stack:
     def ensure_pool(self) -> None:
         body = {"name": self.config.pool, "slots": self.config.max_domains_down,
                 "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
-        for attempt in range(4):
-            try:
-                r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
-                if r.get("name") != self.config.pool:  # 409: a retried POST that had gone through
-                    self.rest("POST", "/pools", ok=(200, 201, 409), json=body)
-                return
-            except StackError as exc:  # SQLite busy just after start: retry, PATCH-then-POST is idempotent
-                if " 5" not in str(exc)[:60] or attempt == 3:
-                    raise
-                time.sleep(2)
+        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
+        if r.get("name") != self.config.pool:  # 409: a retried POST that had gone through
+            self.rest("POST", "/pools", ok=(200, 201, 409), retry=True, json=body)
 
     def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
         def present() -> bool:
@@ -392,14 +387,7 @@ class Stack:
         self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         run_id = f"manual__{time.strftime('%Y%m%dT%H%M%S')}_{os.urandom(3).hex()}"
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}}
-        for attempt in range(4):
-            try:
-                self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409), json=body)
-                return run_id
-            except StackError as exc:
-                if " 5" not in str(exc)[:60] or attempt == 3:
-                    raise
-                time.sleep(1)
+        self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409), retry=True, json=body)
         return run_id
 
     def run_state(self, dag_id: str, run_id: str) -> str:

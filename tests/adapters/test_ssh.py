@@ -27,6 +27,7 @@ from railyard.ssh.runner import Credentials, HostKeyRefused, SshRunner, op_dir, 
 from tests.support.configs import ssh_config, write_config
 from tests.support.ssh_stop_worker import make as make_stop
 from tests.support.sshd import SshdFarm
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [f"gpu-{d}{i:02d}" for d in "abcd" for i in range(1, 5)]
@@ -137,10 +138,12 @@ def test_upgrade_runs_detached_under_flock_and_reattaches(fresh):
             time.sleep(0.1)
         assert st.status == "done", st
         r.upgrade("gpu-a01", steps, op)  # and after it: every step has a status, nothing runs again
-        time.sleep(0.3)
+        d = Path(op_dir(str(fresh["gpu-a01"].work_dir), op))
+        # the third launch has ended (a fixed sleep here raced the launcher on a loaded machine)
+        until("the third launch logged", lambda: (d / "launch.log").read_text().count("launch exit 0") >= 2,
+              timeout=30, every=0.1)
         assert r.upgrade_state("gpu-a01", op).status == "done"
         assert r.versions("gpu-a01")["gpu-driver"] == "570.86.15"
-    d = Path(op_dir(str(fresh["gpu-a01"].work_dir), op))
     assert [ln.split()[:2] for ln in fresh["gpu-a01"].installs()] == [["gpu-driver", "570.86.15"], ["kernel", "6.1.0-28"]]
     assert (d / "gpu-driver.status").read_text().strip() == "0" and (d / "kernel.status").read_text().strip() == "0"
     assert "Setting up gpu-driver (570.86.15) ... done" in (d / "gpu-driver.log").read_text()

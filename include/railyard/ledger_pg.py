@@ -262,31 +262,43 @@ END $f$;
 -- Ledger.release on PostgreSQL: the lock on the operation's row, not the ledger lock. Returns the
 -- hosts released.
 CREATE OR REPLACE FUNCTION {release}(p_op text, p_only text[], p_actor text, p_reason text, p_now double precision)
-RETURNS text[] LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $f$
+RETURNS text[] LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
 DECLARE
   held text[];
   dropped text[];
   done boolean;  -- it holds nothing any more
 BEGIN
-  PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
-  IF p_only IS NULL THEN  -- all it holds: what the delete finds is what it held
+  IF p_only IS NULL THEN  -- all it holds: what the delete finds is what it held, and it is done
+    -- the operation's row is locked by marking it done (or, when it is not active, by FOR UPDATE)
+    UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
+    IF NOT FOUND THEN
+      PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
+    END IF;
     WITH d AS (DELETE FROM leases WHERE op_id = p_op RETURNING host)
     SELECT coalesce(array_agg(host ORDER BY host COLLATE "C"), '{}') INTO dropped FROM d;
-    done := true;
-  ELSE
-    held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
-    dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
-    done := cardinality(dropped) = cardinality(held);
-    IF done AND cardinality(dropped) > 0 THEN
-      DELETE FROM leases WHERE op_id = p_op;
-    ELSIF cardinality(dropped) > 0 THEN
-      DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
+    IF array_to_string(dropped, '') !~ {plain} THEN  -- undoes the delete with the rest
+      RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
     END IF;
+    IF cardinality(dropped) > 0 THEN
+      INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+      VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason);
+    END IF;
+    RETURN dropped;
+  END IF;
+  PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;  -- only some hosts
+  held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
+  dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
+  done := cardinality(dropped) = cardinality(held);
+  IF done AND cardinality(dropped) > 0 THEN
+    DELETE FROM leases WHERE op_id = p_op;
+  ELSIF cardinality(dropped) > 0 THEN
+    DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
   END IF;
   IF array_to_string(dropped, '') !~ {plain} THEN  -- undoes the delete with the rest
     RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
   END IF;
-  IF cardinality(dropped) > 0 AND done THEN  -- the usual release, as one statement
+  IF cardinality(dropped) > 0 AND done THEN
     WITH a AS (INSERT INTO audit (at, actor, op_id, action, hosts, reason)
                VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason))
     UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';

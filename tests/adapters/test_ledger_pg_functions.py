@@ -266,3 +266,43 @@ def test_an_acquire_returns_once_its_grant_is_on_disk(pg):
         conn.close()
     assert async_only < n / 2, async_only  # the check can tell
     assert both >= 2 * n, both  # an acquire's flush and a release's, each
+
+
+def test_lease_operations_read_by_index_on_a_table_with_statistics(pg):
+    """Once autovacuum has analysed a small leases table, a plan of the planner's own choosing reads
+    the whole table for one operation's leases, as many dead rows as the churn of stops has left. The
+    functions keep to indexes whatever the statistics: no acquire or release after ANALYZE scans
+    `leases`, `operations` or `audit` sequentially."""
+    name = f"stats_{next(_names)}"
+    led = Ledger(pg.create_database(name))
+    assert led._pg is not None
+    budget = Budget(total_hosts=1000, maintenance_hosts=100, failure_hosts=50, max_domains_down=5)
+    for i in range(40):
+        led.lease_repair(f"repair-{i}", f"broken-{i}", domain=f"rack-{i % 4}", reason="broken")
+    conn = psycopg2.connect(host=str(pg.socket_dir), user="postgres", dbname=name)
+    conn.autocommit = True
+    tables = ("leases", "operations", "audit")
+
+    def seq_scans(cur: Any) -> dict[str, int]:
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT relname, seq_scan FROM pg_stat_user_tables WHERE relname = ANY(%s)", (list(tables),))
+        return dict(cur.fetchall())
+
+    try:
+        with conn.cursor() as cur:
+            cur.execute("ANALYZE")
+            led.engine.dispose()  # new sessions: plans made on the statistics
+            before = seq_scans(cur)
+            for i in range(20):
+                hosts = [f"d{i % 3}h{h}" for h in range(4)]
+                assert led.acquire_domain(f"op{i}", train="t", domain=f"d{i % 3}", hosts=hosts, budget=budget).granted
+                assert led.release(f"op{i}", hosts=hosts[:1] if i % 2 else None) == (hosts[:1] if i % 2 else hosts)
+                if i % 2:
+                    assert led.release(f"op{i}") == hosts[1:]
+            led.engine.dispose()  # its sessions end, and report what they read
+            time.sleep(0.5)
+            after = seq_scans(cur)
+    finally:
+        conn.close()
+    assert set(before) == set(tables), before  # the check can see each table
+    assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)

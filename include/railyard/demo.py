@@ -22,7 +22,7 @@ from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, Host, HostState
 from railyard.planning import pending_steps
 from railyard.reconcile import dag_id_for, owner_of
-from railyard.stack import ROOT, Stack, running, session_of, start_ticks, stop_session
+from railyard.stack import ROOT, Stack, StackError, running, session_of, start_ticks, stop_session
 
 TERMINAL = {"success", "skipped", "failed", "upstream_failed", "removed"}
 
@@ -110,8 +110,6 @@ def summary(stack: Stack, fleet: HttpFleet, train_id: str, state: str, wall: flo
 def run_train(stack: Stack, fleet: HttpFleet, train_id: str, *, quiet: bool = False, timeout: float = 3600,
               ledger: Ledger | None = None) -> dict[str, Any]:
     """Trigger one train, follow it to the end, and return the summary."""
-    from railyard.stack import StackError  # noqa: F401  (re-exported for callers)
-
     dag_id = dag_id_for(train_id)
     stack.wait_dag(dag_id)
     t0 = time.monotonic()
@@ -145,6 +143,11 @@ def main(once: bool = False) -> int:
               f"railyard_train_<id>; `railyard plan TRAIN` and `railyard drift` read that fleet.", file=sys.stderr)
         return 2
     train_id = first_train(stack.config)
+    try:
+        stack.check_ports()  # before anything of an earlier demo in this home is touched
+    except StackError as exc:
+        print(f"railyard demo: {exc}", file=sys.stderr)
+        return 5
     home.mkdir(parents=True, exist_ok=True)
     # every process this demo starts inherits the marker: `railyard demo --stop` finds them by it
     os.environ[DEMO_MARKER] = f"{os.getpid()}:{start_ticks(os.getpid())}"

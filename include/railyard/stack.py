@@ -46,6 +46,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ensure_port_free(port: int, what: str) -> None:
+    """Refuse, naming the port and what sets it, when something already listens on 127.0.0.1:`port`.
+    (SO_REUSEADDR: connections of an earlier server lingering in TIME_WAIT do not count; a listener does.)"""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise StackError(f"port {port} on 127.0.0.1 is in use ({what}): another demo (`make stop` stops every "
+                             "demo) or another server; choose a free port there") from None
+
+
 def _wait(what: str, timeout: float, probe: Callable[[], T | None], proc: subprocess.Popen[bytes] | None = None,
           log: Path | None = None) -> T:
     deadline = time.monotonic() + timeout
@@ -227,7 +239,13 @@ class Stack:
         return env
 
     # ---- the simulator --------------------------------------------------------------------------
+    def check_ports(self) -> None:
+        """Refuse before anything is touched when the simulator's or Airflow's port is taken."""
+        ensure_port_free(int(self.sim_port or 0), f"simulator.port in {self.config_file}")
+        ensure_port_free(self.airflow_port, "Airflow's port, RAILYARD_AIRFLOW_PORT")
+
     def start_sim(self, fresh: bool = True) -> HttpFleet:
+        ensure_port_free(int(self.sim_port or 0), f"simulator.port in {self.config_file}")
         self.home.mkdir(parents=True, exist_ok=True)
         db = self.home / "sim.db"
         if fresh and db.exists():
@@ -257,6 +275,7 @@ class Stack:
 
     # ---- Airflow ----------------------------------------------------------------------------------
     def start_airflow(self, timeout: float = 180) -> None:
+        ensure_port_free(self.airflow_port, "Airflow's port, RAILYARD_AIRFLOW_PORT")
         if self.airflow_home.exists():
             shutil.rmtree(self.airflow_home)
         self.airflow_home.mkdir(parents=True)

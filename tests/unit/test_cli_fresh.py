@@ -163,3 +163,35 @@ def test_sim_serve_makes_its_default_db_folder(tmp_path: Path) -> None:
     assert r.returncode != 0
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert "address already in use" in message(r)
+
+
+@pytest.mark.parametrize("taken", ["simulator", "airflow"])
+def test_demo_refuses_a_taken_port_before_it_touches_anything(tmp_path, taken):
+    """A demo whose simulator or Airflow port is taken (another demo, another server) says so in one
+    line, naming the port and what sets it, and leaves the demo home (an earlier demo's ledger and
+    fleet) as it was."""
+    from tests.support.configs import small_config, write_config
+
+    data = small_config(domains=2)
+    data["simulator"]["port"] = free_port()
+    cfg = write_config(tmp_path / "railyard.yaml", data)
+    home = tmp_path / "demo"
+    home.mkdir()
+    for f in ("ledger.db", "sim.db"):
+        (home / f).write_bytes(b"an earlier demo's")
+    airflow_port = free_port()
+    env = fresh_env(tmp_path) | {"RAILYARD_CONFIG": str(cfg), "RAILYARD_DEMO_HOME": str(home),
+                                 "RAILYARD_AIRFLOW_PORT": str(airflow_port)}
+    port = data["simulator"]["port"] if taken == "simulator" else airflow_port
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", port))  # as airflow's api-server and uvicorn listen
+        busy.listen()
+        r = subprocess.run([str(RAILYARD), "demo", "--once"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    line = message(r)
+    assert f"port {port} " in line and "in use" in line, line
+    assert ("simulator.port" if taken == "simulator" else "RAILYARD_AIRFLOW_PORT") in line, line
+    assert sorted(p.name for p in home.iterdir()) == ["ledger.db", "sim.db"]
+    assert all((home / f).read_bytes() == b"an earlier demo's" for f in ("ledger.db", "sim.db"))

@@ -158,8 +158,100 @@ def _stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 30) -> None
         stop_session(proc.pid, grace, leader=proc)
 
 
+class AirflowRest:
+    """Airflow's REST API, as the admin: one client for `Stack` (airflow standalone) and the tests'
+    distributed stack. A subclass gives `api` (the base URL), `config`, `_admin_password()` and
+    `_check_alive()` (raise when its Airflow is gone), and sets `_token = None` when it starts."""
+
+    config: RailyardConfig
+    _token: str | None
+    run_poll_s: float = 1.0
+
+    @property
+    def api(self) -> str:
+        raise NotImplementedError
+
+    def _admin_password(self) -> str | None:
+        raise NotImplementedError
+
+    def _check_alive(self) -> None:
+        pass
+
+    def token(self, username: str = "admin", password: str | None = None) -> str:
+        r = requests.post(f"{self.api}/auth/token",
+                          json={"username": username, "password": password or self._admin_password()}, timeout=10)
+        if r.status_code not in (200, 201):
+            raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
+        return str(r.json()["access_token"])
+
+    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0, *,
+             retry: bool = False, **kw: Any) -> dict[str, Any]:
+        """One call of Airflow's REST API. A 5xx (SQLite under standalone is sometimes briefly locked) is
+        retried for GET and PATCH, and for a POST the caller made idempotent (`retry`: its own id, 409 in `ok`)."""
+        if self._token is None:
+            self._token = self.token()
+        r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
+                             timeout=30, **kw)
+        if r.status_code == 401 and _tries < 3:
+            self._token = self.token()
+            return self.rest(method, path, ok, _tries + 1, retry=retry, **kw)
+        if r.status_code >= 500 and (retry or method in ("GET", "PATCH")) and _tries < 3:
+            time.sleep(1)
+            return self.rest(method, path, ok, _tries + 1, retry=retry, **kw)
+        if r.status_code not in ok:
+            raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
+        return r.json() if r.content else {}
+
+    def ensure_pool(self) -> None:
+        body = {"name": self.config.pool, "slots": self.config.max_domains_down,
+                "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
+        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
+        if r.get("name") != self.config.pool:  # 409: a retried POST that had gone through
+            self.rest("POST", "/pools", ok=(200, 201, 409), retry=True, json=body)
+
+    def dag_present(self, dag_id: str) -> bool:
+        return self.rest("GET", f"/dags/{dag_id}", ok=(200, 404)).get("dag_id") == dag_id
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        """Trigger a run with an id of our own, so that a retry after a transient 5xx (SQLite busy)
+        cannot start a second run: the retry either creates it or finds it (409)."""
+        self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        run_id = f"manual__{time.strftime('%Y%m%dT%H%M%S')}_{os.urandom(3).hex()}"
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}}
+        self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409), retry=True, json=body)
+        return run_id
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        tis: list[dict[str, Any]] = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                                              params={"limit": 1000})["task_instances"]
+        return tis
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
+
+    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """Every try of a task instance (its history and the current one): try_number, state, hostname."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries"
+        return sorted(self.rest("GET", path)["task_instances"], key=lambda t: int(t["try_number"]))
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll: Callable[[], None] | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            state = self.run_state(dag_id, run_id)
+            if on_poll is not None:
+                on_poll()
+            if state in ("success", "failed"):
+                return state
+            time.sleep(self.run_poll_s)
+        raise StackError(f"{dag_id} {run_id} did not finish within {timeout:.0f}s")
+
+
 @dataclass
-class Stack:
+class Stack(AirflowRest):
     """One simulator and one Airflow, in `home` (a fresh directory each start)."""
 
     home: Path
@@ -360,71 +452,15 @@ class Stack:
         f = self.airflow_home / "simple_auth_manager_passwords.json.generated"
         return json.loads(f.read_text()).get(user) if f.exists() else None
 
-    # ---- REST --------------------------------------------------------------------------------------
-    def token(self, username: str = "admin", password: str | None = None) -> str:
-        r = requests.post(f"{self.api}/auth/token", json={"username": username, "password": password or self.password},
-                          timeout=10)
-        if r.status_code not in (200, 201):
-            raise StackError(f"login as {username} failed: {r.status_code} {r.text[:200]}")
-        return str(r.json()["access_token"])
+    # ---- REST (AirflowRest) -----------------------------------------------------------------------
+    def _admin_password(self) -> str | None:
+        return self.password
 
-    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), _tries: int = 0, *,
-             retry: bool = False, **kw: Any) -> dict[str, Any]:
-        """One call of Airflow's REST API. A 5xx (SQLite under standalone is sometimes briefly locked) is
-        retried for GET and PATCH, and for a POST the caller made idempotent (`retry`: its own id, 409 in `ok`)."""
-        if self._token is None:
-            self._token = self.token()
-        r = requests.request(method, f"{self.api}/api/v2{path}", headers={"Authorization": f"Bearer {self._token}"},
-                             timeout=30, **kw)
-        if r.status_code == 401:
-            self._token = self.token()
-            return self.rest(method, path, ok, retry=retry, **kw)
-        if r.status_code >= 500 and (retry or method in ("GET", "PATCH")) and _tries < 3:
-            time.sleep(1)
-            return self.rest(method, path, ok, _tries + 1, retry=retry, **kw)
-        if r.status_code not in ok:
-            raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-        return r.json() if r.content else {}
-
-    def ensure_pool(self) -> None:
-        body = {"name": self.config.pool, "slots": self.config.max_domains_down,
-                "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
-        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
-        if r.get("name") != self.config.pool:  # 409: a retried POST that had gone through
-            self.rest("POST", "/pools", ok=(200, 201, 409), retry=True, json=body)
+    def _check_alive(self) -> None:
+        if self.airflow is not None and self.airflow.poll() is not None:
+            raise StackError("airflow standalone exited while the run was going")
 
     def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
-        def present() -> bool:
-            self.rest("GET", f"/dags/{dag_id}")
-            return True
+        _wait(f"DAG {dag_id} parsed", timeout, lambda: self.dag_present(dag_id) or None, self.airflow,
+              self.home / "airflow.log")
 
-        _wait(f"DAG {dag_id} parsed", timeout, present, self.airflow, self.home / "airflow.log")
-
-    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
-        """Trigger a run with an id of our own, so that a retry after a transient 5xx (SQLite busy)
-        cannot start a second run: the retry either creates it or finds it (409)."""
-        self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        run_id = f"manual__{time.strftime('%Y%m%dT%H%M%S')}_{os.urandom(3).hex()}"
-        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}}
-        self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409), retry=True, json=body)
-        return run_id
-
-    def run_state(self, dag_id: str, run_id: str) -> str:
-        return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        tis = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-        return {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
-
-    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll: Callable[[], None] | None = None) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = self.run_state(dag_id, run_id)
-            if on_poll is not None:
-                on_poll()
-            if state in ("success", "failed"):
-                return state
-            if self.airflow is not None and self.airflow.poll() is not None:
-                raise StackError("airflow standalone exited while the run was going")
-            time.sleep(1)
-        raise StackError(f"{dag_id} {run_id} did not finish within {timeout:.0f}s")

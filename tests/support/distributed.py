@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from railyard.stack import free_port
+from railyard.stack import AirflowRest, StackError, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -221,7 +221,7 @@ class Component:
 
 
 @dataclass
-class DistributedStack:
+class DistributedStack(AirflowRest):
     """PostgreSQL + Redis + the simulator + Airflow's components as separate processes (CeleryExecutor,
     two workers). Everything lives under `home`; `stop()` ends every process that `start()` began."""
 
@@ -232,6 +232,7 @@ class DistributedStack:
     with_sim: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    run_poll_s = 0.5  # a class attribute (AirflowRest.wait_run), not a field
 
     def __post_init__(self) -> None:
         from railyard.config import load_config
@@ -587,79 +588,12 @@ class DistributedStack:
             self._pg_root = None
         psutil.wait_procs(self.ours(), timeout=5)
 
-    # ---- REST (as railyard.stack.Stack) --------------------------------------------------------------------
-    def token(self) -> str:
-        import requests
-
-        r = requests.post(f"{self.api}/auth/token", json={"username": "admin", "password": self.admin_password},
-                          timeout=10)
-        if r.status_code not in (200, 201):
-            raise StackError(f"login failed: {r.status_code} {r.text[:200]}")
-        return r.json()["access_token"]
-
-    def rest(self, method: str, path: str, ok: tuple[int, ...] = (200, 201), **kw) -> dict:
-        import requests
-
-        for attempt in range(4):
-            if self._token is None:
-                self._token = self.token()
-            r = requests.request(method, f"{self.api}/api/v2{path}", timeout=30,
-                                 headers={"Authorization": f"Bearer {self._token}"}, **kw)
-            if r.status_code == 401:
-                self._token = None
-                continue
-            if r.status_code >= 500 and method in ("GET", "PATCH") and attempt < 3:
-                time.sleep(1)
-                continue
-            break
-        if r.status_code not in ok:
-            raise StackError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-        return r.json() if r.content else {}
-
-    def ensure_pool(self) -> None:
-        body = {"name": self.config.pool, "slots": self.config.max_domains_down,
-                "description": "Railyard: every disruptive task; sized by max_domains_down", "include_deferred": False}
-        r = self.rest("PATCH", f"/pools/{self.config.pool}", ok=(200, 404), json=body)
-        if r.get("name") != self.config.pool:
-            self.rest("POST", "/pools", json=body)
+    # ---- REST (railyard.stack.AirflowRest, as Stack) ------------------------------------------------------
+    def _admin_password(self) -> str:
+        return self.admin_password
 
     def wait_dag(self, dag_id: str, timeout: float = 120) -> None:
-        self._until(f"DAG {dag_id} parsed", timeout, lambda: self.rest("GET", f"/dags/{dag_id}", ok=(200, 404))
-                    .get("dag_id") == dag_id)
-
-    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        self.rest("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        run_id = f"manual__{time.strftime('%Y%m%dT%H%M%S')}_{os.urandom(3).hex()}"
-        self.rest("POST", f"/dags/{dag_id}/dagRuns", ok=(200, 201, 409),
-                  json={"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
-        return run_id
-
-    def run_state(self, dag_id: str, run_id: str) -> str:
-        return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
-
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        return self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
-                         params={"limit": 1000})["task_instances"]
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
-
-    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict]:
-        """Every try of a task instance (its history and the current one): try_number, state, hostname."""
-        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries"
-        return sorted(self.rest("GET", path)["task_instances"], key=lambda t: t["try_number"])
-
-    def wait_run(self, dag_id: str, run_id: str, timeout: float, on_poll=None) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            state = self.run_state(dag_id, run_id)
-            if on_poll is not None:
-                on_poll()
-            if state in ("success", "failed"):
-                return state
-            time.sleep(0.5)
-        raise StackError(f"{dag_id} {run_id} did not finish within {timeout:.0f}s")
+        self._until(f"DAG {dag_id} parsed", timeout, lambda: self.dag_present(dag_id))
 
     def failure_report(self, dag_id: str, run_id: str) -> str:
         """The run's task states, and the errors in the logs of its failed tries."""
@@ -678,6 +612,3 @@ class DistributedStack:
         base = self.airflow_home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
         return "\n".join(f.read_text(errors="replace") for f in sorted(base.glob(f"**/attempt={try_number}.log")))
 
-
-class StackError(RuntimeError):
-    pass

@@ -31,7 +31,7 @@ faults: deps $(STAMP)  ## the fault suite at the issue's full counts, with its s
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
-bench: $(STAMP)  ## figures, side by side with their baselines
+bench: deps $(STAMP)  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py
 
 lint: $(STAMP)  ## ruff everywhere, mypy --strict on the core (include/railyard; settings in pyproject.toml)

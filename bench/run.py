@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_grid  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_parse  # noqa: E402
 import bench_plan  # noqa: E402
@@ -28,3 +29,6 @@ if __name__ == "__main__":
     print("\n== Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor ==",
           flush=True)
     bench_ledger.main([])
+    print("\n== Airflow's grid: a 64-domain train over 25 runs in headless Chromium, vs an EmptyOperator DAG ==",
+          flush=True)
+    bench_grid.main()

@@ -225,9 +225,14 @@ class AirflowRest:
         return str(self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        tis: list[dict[str, Any]] = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
-                                              params={"limit": 1000})["task_instances"]
-        return tis
+        """Every task instance of the run: the API answers at most 100 per page (a 64-domain train has 390+)."""
+        tis: list[dict[str, Any]] = []
+        while True:
+            page = self.rest("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                             params={"limit": 100, "offset": len(tis), "order_by": "id"})
+            tis += page["task_instances"]
+            if not page["task_instances"] or len(tis) >= int(page["total_entries"]):
+                return tis
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
         return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}

@@ -13,7 +13,7 @@ Then, for each DAG, alternating, REPEAT times:
 - api: the grid's three calls as the page makes them (structure, runs, task-instance summaries of the
   runs), timed with `requests`: the server's share.
 
-    .venv/bin/python bench/bench_grid.py [--domains 64 --runs 25 --repeat 3]
+    .venv/bin/python bench/bench_grid.py [--domains 64 --runs 25 --repeat 5]
 
 Prints a table, then one JSON object of the figures as the last line. Needs chromium and chromium-driver
 (`make deps`).
@@ -36,11 +36,12 @@ import requests
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "include"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT), str(ROOT / "include"), str(Path(__file__).resolve().parent)]
 
 import bench_parse  # noqa: E402
 
 from railyard.stack import Stack, free_port  # noqa: E402
+from tests.support.browser import chromium, login  # noqa: E402
 
 TRAIN = "railyard_train_t00"
 BASELINE = "baseline_train_t00"
@@ -67,43 +68,6 @@ requestAnimationFrame(() => requestAnimationFrame(() => done({
   last_api_ms: last, settled_ms: performance.now(), calls: grid.length,
   cells: document.querySelectorAll('a[href*="/tasks/"], [id*="grid"] a').length})));
 """
-
-
-def browser(profile: Path) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--window-size=1600,1200",
-              f"--user-data-dir={profile}"):
-        opts.add_argument(a)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-    driver.set_page_load_timeout(120)
-    driver.set_script_timeout(30)
-    return driver
-
-
-def login(driver: Any, stack: Stack) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(f"{stack.api}/")
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        inputs = [i for i in driver.find_elements(By.TAG_NAME, "input") if i.is_displayed()][:2]
-        if len(inputs) == 2:
-            break
-        time.sleep(0.3)
-    else:
-        raise RuntimeError("Airflow's login form never showed")
-    inputs[0].send_keys("admin")
-    inputs[1].send_keys(stack.password)
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    while driver.get_cookie("_token") is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError("login did not complete")
-        time.sleep(0.3)
 
 
 def page_load(driver: Any, stack: Stack, dag_id: str, shot: Path | None = None) -> dict[str, Any]:
@@ -162,7 +126,7 @@ def make_runs(stack: Stack, dag_id: str, runs: int) -> int:
     return len(stack.task_instances(dag_id, "bench_00"))  # every page of them
 
 
-def run(domains: int = 64, runs: int = 25, repeat: int = 3, shots: Path | None = None) -> dict[str, Any]:
+def run(domains: int = 64, runs: int = 25, repeat: int = 5, shots: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="railyard-bench-grid-") as tmp_s:
         tmp = Path(tmp_s)
         dags = tmp / "dags"
@@ -181,8 +145,8 @@ def run(domains: int = 64, runs: int = 25, repeat: int = 3, shots: Path | None =
             stack.start_airflow()
             stack.ensure_pool()
             tasks = {d: make_runs(stack, d, runs) for d in (TRAIN, BASELINE, ONE)}
-            driver = browser(tmp / "chromium")
-            login(driver, stack)
+            driver = chromium(tmp / "chromium", size="1600,1200")
+            login(driver, stack.api, "admin", stack.password, timeout=90)
             for d in (TRAIN, BASELINE, ONE):  # warm: the UI's assets cached, the api-server's code paths taken
                 page_load(driver, stack, d)
                 api_load(stack, d, runs)
@@ -222,8 +186,9 @@ def format_table(fig: dict[str, Any]) -> str:
         f = fig[key]
         rows.append(f"  {label:34}{f['task_instances_per_run']:>8}{f['page_settled_s']:>13.2f}s"
                     f"{f['page_last_api_s']:>14.2f}s{f['api_s']:>15.3f}s")
-    rows.append(f"  the shape's cost over the page's floor: Railyard +{fig['railyard_over_floor_s']:.2f} s, the same "
-                f"shape of EmptyOperators +{fig['baseline_over_floor_s']:.2f} s")
+    rows.append(f"  the shape's cost over the page's floor: Railyard {fig['railyard_over_floor_s']:+.2f} s, the same "
+                f"shape of EmptyOperators {fig['baseline_over_floor_s']:+.2f} s (one page load varies by a second "
+                "or more here: see page_runs_s)")
     rows.append(f"  Railyard / baseline (page settled): {fig['ratio']:.2f}; goal <= {GOAL_OVER_BASELINE}: "
                 f"{'met' if fig['goal_met'] else 'NOT met'}")
     return "\n".join(rows)
@@ -233,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--domains", type=int, default=64)
     p.add_argument("--runs", type=int, default=25)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--shots", type=Path, help="save a screenshot of each grid in this folder")
     a = p.parse_args([] if argv is None else argv)
     fig = run(a.domains, a.runs, a.repeat, a.shots)

@@ -15,6 +15,8 @@ import requests
 from railyard.ledger import Ledger
 from railyard.models import HostState
 from railyard.stack import Stack, free_port
+from tests.support.browser import chromium
+from tests.support.browser import login as browser_login
 from tests.support.configs import small_config, write_config
 from tests.support.waiting import until as _until
 
@@ -53,17 +55,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(stack):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--window-size=1400,1300",
-              f"--user-data-dir={stack.home / 'chromium'}"):
-        opts.add_argument(a)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
-    driver.set_page_load_timeout(60)
+    driver = chromium(stack.home / "chromium")
     try:
         yield driver
     finally:
@@ -84,18 +76,7 @@ def maintenance_out(led: Ledger) -> dict[str, str]:
 
 
 def login(driver, stack: Stack, user: str) -> None:  # noqa: ANN001
-    """Airflow's own login form (SimpleAuthManager): two inputs, then the sign-in button."""
-    from selenium.webdriver.common.by import By
-
-    driver.delete_all_cookies()
-    driver.get(f"{stack.api}/")
-    inputs = until("the login form", lambda: [i for i in driver.find_elements(By.TAG_NAME, "input")
-                                               if i.is_displayed()][:2] or None, timeout=60)
-    assert len(inputs) == 2
-    inputs[0].send_keys(user)
-    inputs[1].send_keys(stack.password_of(user))
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    until(f"{user} logged in", lambda: driver.get_cookie("_token"), timeout=60)
+    browser_login(driver, stack.api, user, stack.password_of(user))
 
 
 def open_page(driver, stack: Stack) -> None:  # noqa: ANN001

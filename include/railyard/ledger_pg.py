@@ -277,36 +277,26 @@ BEGIN
     END IF;
     WITH d AS (DELETE FROM leases WHERE op_id = p_op RETURNING host)
     SELECT coalesce(array_agg(host ORDER BY host COLLATE "C"), '{}') INTO dropped FROM d;
-    IF array_to_string(dropped, '') !~ {plain} THEN  -- undoes the delete with the rest
-      RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
+  ELSE  -- only some hosts: done when they are all it held
+    PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
+    held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
+    dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
+    done := cardinality(dropped) = cardinality(held);
+    IF done AND cardinality(dropped) > 0 THEN
+      DELETE FROM leases WHERE op_id = p_op;
+    ELSIF cardinality(dropped) > 0 THEN
+      DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
     END IF;
-    IF cardinality(dropped) > 0 THEN
-      INSERT INTO audit (at, actor, op_id, action, hosts, reason)
-      VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason);
+    IF done THEN
+      UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
     END IF;
-    RETURN dropped;
-  END IF;
-  PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;  -- only some hosts
-  held := ARRAY(SELECT host FROM leases WHERE op_id = p_op ORDER BY host COLLATE "C");
-  dropped := ARRAY(SELECT h FROM unnest(held) h WHERE h = ANY(p_only) ORDER BY h COLLATE "C");
-  done := cardinality(dropped) = cardinality(held);
-  IF done AND cardinality(dropped) > 0 THEN
-    DELETE FROM leases WHERE op_id = p_op;
-  ELSIF cardinality(dropped) > 0 THEN
-    DELETE FROM leases WHERE op_id = p_op AND host = ANY(dropped);
   END IF;
   IF array_to_string(dropped, '') !~ {plain} THEN  -- undoes the delete with the rest
     RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
   END IF;
-  IF cardinality(dropped) > 0 AND done THEN
-    WITH a AS (INSERT INTO audit (at, actor, op_id, action, hosts, reason)
-               VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason))
-    UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
-  ELSIF cardinality(dropped) > 0 THEN
+  IF cardinality(dropped) > 0 THEN
     INSERT INTO audit (at, actor, op_id, action, hosts, reason)
     VALUES (p_now, p_actor, p_op, 'release', {json}(dropped), p_reason);
-  ELSIF done THEN
-    UPDATE operations SET state = 'done', updated_at = p_now WHERE id = p_op AND state = 'active';
   END IF;
   RETURN dropped;
 END $f$;

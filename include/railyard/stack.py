@@ -338,11 +338,17 @@ class Stack(AirflowRest):
     # ---- the simulator --------------------------------------------------------------------------
     def check_ports(self) -> None:
         """Refuse before anything is touched when the simulator's or Airflow's port is taken."""
+        self._check_sim_port()
+        self._check_airflow_port()
+
+    def _check_sim_port(self) -> None:
         ensure_port_free(int(self.sim_port or 0), f"simulator.port in {self.config_file}")
+
+    def _check_airflow_port(self) -> None:
         ensure_port_free(self.airflow_port, "Airflow's port, RAILYARD_AIRFLOW_PORT")
 
     def start_sim(self, fresh: bool = True) -> HttpFleet:
-        ensure_port_free(int(self.sim_port or 0), f"simulator.port in {self.config_file}")
+        self._check_sim_port()
         self.home.mkdir(parents=True, exist_ok=True)
         db = self.home / "sim.db"
         if fresh and db.exists():
@@ -372,7 +378,7 @@ class Stack(AirflowRest):
 
     # ---- Airflow ----------------------------------------------------------------------------------
     def start_airflow(self, timeout: float = 180) -> None:
-        ensure_port_free(self.airflow_port, "Airflow's port, RAILYARD_AIRFLOW_PORT")
+        self._check_airflow_port()
         if self.airflow_home.exists():
             shutil.rmtree(self.airflow_home)
         self.airflow_home.mkdir(parents=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -181,28 +180,36 @@ class SshdFarm:
     def _kill(self, h: SshdHost) -> None:
         import psutil
 
-        # the per-connection sshd processes of clients still connected (pooled connections) go too
+        # Each listener is stopped (SIGSTOP) before its children are listed, so none can fork a new connection
+        # between the listing and the kill; then the per-connection sshd processes of clients still connected
+        # (pooled connections) go, then the listeners.
         leaders = [p for p in (h.proc.pid if h.proc is not None else None, self._restarted_pid(h)) if p]
-        sessions: list[psutil.Process] = []
+        procs: list[psutil.Process] = []
         for pid in leaders:
             try:
-                sessions += psutil.Process(pid).children(recursive=True)
+                leader = psutil.Process(pid)
+                if pid != (h.proc.pid if h.proc is not None else None) and "sshd" not in " ".join(leader.cmdline()):
+                    continue  # a stale pid file
+                leader.suspend()
+                procs.append(leader)
             except psutil.Error:
                 pass
-        self._kill_restarted(h)
-        for p in sessions:
+        sessions: list[psutil.Process] = []
+        for leader in procs:
+            try:
+                sessions += leader.children(recursive=True)
+            except psutil.Error:
+                pass
+        for p in sessions + procs:
             try:
                 p.kill()
             except psutil.Error:
                 pass
         psutil.wait_procs(sessions, timeout=5)
-        if h.proc is not None and h.proc.poll() is None:
-            h.proc.send_signal(signal.SIGTERM)
-            try:
-                h.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                h.proc.kill()
-                h.proc.wait(timeout=5)
+        if h.proc is not None:
+            h.proc.wait(timeout=5)
+        else:
+            psutil.wait_procs(procs, timeout=5)
         h.proc = None
 
     def _restarted_pid(self, h: SshdHost) -> int | None:
@@ -211,17 +218,6 @@ class SshdFarm:
         except (OSError, ValueError, IndexError):
             return None
         return None if h.proc is not None and pid == h.proc.pid else pid
-
-    def _kill_restarted(self, h: SshdHost) -> None:
-        """An sshd that a stand-in reboot started again (daemonized, known only by its pid file)."""
-        pid = self._restarted_pid(h)
-        if pid is None:
-            return
-        try:
-            if "sshd" in Path(f"/proc/{pid}/cmdline").read_text():
-                os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
 
     def stop(self) -> None:
         time.sleep(0.1)

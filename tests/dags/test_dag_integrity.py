@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from railyard.config import DEFAULT_CONFIG
+from railyard.config import DEFAULT_CONFIG, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["wait_capacity", "wait_checkpoints", "drain", "upgrade", "health_check", "return_to_service"]
@@ -98,3 +98,38 @@ def test_emergency_dag_has_a_form_and_a_slot_per_domain(monkeypatch):
     assert len(slots) == 8
     take = dag.get_task("stop_1.wait_capacity")
     assert [t.task_id for t in take.upstream_list] == ["plan"] and take.priority_weight == 100
+
+
+def _init_levels(cls: type) -> int:
+    """How many times Airflow applies its defaults when `cls` is built: once per wrapped `__init__` in its MRO."""
+    return sum(1 for c in cls.__mro__ if hasattr(vars(c).get("__init__"), "__wrapped__"))
+
+
+def test_stop_tasks_take_their_arguments_at_one_init_level(monkeypatch):
+    """Railyard's stop tasks add no `__init__` level to Airflow's (each costs a pass of its defaults per task)
+    and still take, check and refuse their arguments."""
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk.bases.sensor import BaseSensorOperator
+
+    from railyard_airflow.operators.stop import DrainDomainOperator, ReturnDomainOperator
+    from railyard_airflow.sensors.stop import BufferCapacitySensor, CheckpointSensor
+
+    assert _init_levels(DrainDomainOperator) == _init_levels(ReturnDomainOperator) == _init_levels(EmptyOperator) == 1
+    assert _init_levels(BufferCapacitySensor) == _init_levels(CheckpointSensor) == _init_levels(BaseSensorOperator)
+
+    dag = dagbag(monkeypatch).dags["railyard_train_demo"]
+    take, ckpt = dag.get_task("pod-b.wait_capacity"), dag.get_task("pod-b.wait_checkpoints")
+    drain = dag.get_task("pod-b.drain")
+    assert (drain.train_id, drain.domain, drain.slot, drain.fleet_conn_id) == ("demo", "pod-b", None, "railyard_fleet")
+    t = load_config(DEFAULT_CONFIG).timeouts
+    assert take.timeout == take.wait_s == t.capacity_wait_s and ckpt.timeout == ckpt.wait_s == t.checkpoint_wait_s
+    assert take.poke_interval == take.poll_s  # BaseSensorOperator's own arguments, from ours
+    assert ckpt.inline_s == 15.0 and ckpt.deferrable is True
+    assert dag.get_task("revisit_1.drain").slot == "revisit_1"
+
+    with pytest.raises(TypeError, match="missing keyword argument 'train_id'"):
+        DrainDomainOperator(task_id="x", domain="pod-a")
+    with pytest.raises(TypeError, match="domian"):  # a misspelt argument is still Airflow's invalid argument
+        DrainDomainOperator(task_id="x", train_id="demo", domian="pod-a")
+    s = CheckpointSensor(task_id="x", train_id="demo", domain="pod-a", wait_s=90, poll_s=2, inline_s=1)
+    assert (s.timeout, s.poke_interval, s.wait_s, s.inline_s) == (90, 2, 90, 1)

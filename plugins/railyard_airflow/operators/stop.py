@@ -12,25 +12,14 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from railyard.stop import Stop, StopError
-from railyard_airflow.hooks.fleet import FleetHook
 from railyard_airflow.mixins import StopTaskMixin
 
 
-class DomainStopOperator(StopTaskMixin, BaseOperator):
+class DomainStopOperator(BaseOperator, StopTaskMixin):
     """Base: knows its train, its domain (or revisit slot) and its fleet; subclasses implement `run`."""
 
     template_fields = ("train_id", "domain")
     ui_color = "#f0e4d7"
-
-    def __init__(self, *, train_id: str, domain: str | None = None, slot: str | None = None,
-                 fleet_conn_id: str = FleetHook.default_conn_name, config_path: str | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.train_id = train_id
-        self.domain = domain
-        self.slot = slot
-        self.fleet_conn_id = fleet_conn_id
-        self.config_path = config_path
 
     def execute(self, context: Any) -> Any:
         stop = self.stop_for(context)

@@ -15,29 +15,25 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from railyard.config import config_path
 from railyard.stop import Stop, StopError
-from railyard_airflow.hooks.fleet import FleetHook
 from railyard_airflow.mixins import StopTaskMixin
 from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
 
 
-class _StopSensor(StopTaskMixin, BaseSensorOperator):
+class _StopSensor(BaseSensorOperator, StopTaskMixin):
     template_fields = ("train_id", "domain")
 
-    def __init__(self, *, train_id: str, domain: str | None = None, slot: str | None = None,
-                 fleet_conn_id: str = FleetHook.default_conn_name,
-                 config_path: str | None = None, wait_s: float = 3600, poll_s: float = 1.0,
-                 deferrable: bool = True, **kwargs: Any) -> None:
-        kwargs.setdefault("timeout", wait_s)
-        kwargs.setdefault("poke_interval", poll_s)
-        super().__init__(**kwargs)
-        self.train_id = train_id
-        self.domain = domain
-        self.slot = slot
-        self.fleet_conn_id = fleet_conn_id
-        self.config_path = config_path
-        self.wait_s = wait_s
-        self.poll_s = poll_s
-        self.deferrable = deferrable
+    task_args = StopTaskMixin.task_args | {"wait_s": 3600.0, "poll_s": 1.0, "deferrable": True}
+    wait_s: float
+    poll_s: float
+    deferrable: bool
+
+    def _hook_apply_defaults(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        outer = "_task_args_taken" not in vars(self)
+        args, kwargs = super()._hook_apply_defaults(*args, **kwargs)
+        if outer:  # BaseSensorOperator's own arguments, from ours
+            kwargs.setdefault("timeout", self.wait_s)
+            kwargs.setdefault("poke_interval", self.poll_s)
+        return args, kwargs
 
     def trigger_kwargs(self, context: Any, stop: Stop, started: float) -> dict[str, Any]:
         """What the trigger needs, and no secret: any viewer of the task can read these (REST API, UI).
@@ -129,9 +125,8 @@ class CheckpointSensor(_StopSensor):
 
     ui_color = "#fff4d6"
 
-    def __init__(self, *, inline_s: float = 15.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.inline_s = inline_s
+    task_args = _StopSensor.task_args | {"inline_s": 15.0}
+    inline_s: float
 
     def poke(self, context: Any) -> bool:
         stop = self.stop_for(context)

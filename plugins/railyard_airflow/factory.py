@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 
+from railyard import gcpause
 from railyard.config import RailyardConfig, config_path, load_config
 from railyard.reconcile import dag_id_for
 from railyard_airflow.notifiers.escalation import EscalationNotifier
@@ -241,14 +242,17 @@ def build_reconcile_dag(path: str | None = None) -> DAG:
 
 
 def build_train_dags(path: str | None = None) -> dict[str, DAG]:
-    """All train DAGs, sorted by id; only the running one when a task's process parses the file."""
+    """All train DAGs, sorted by id; only the running one when a task's process parses the file.
+    The garbage collector is paused while they are built: its passes only re-walk the tasks being built
+    and kept (a third of the build for 20 trains of 64 domains)."""
     p = str(config_path(path))
     config = load_config(p)
     wanted = get_parsing_context().dag_id
     dags: dict[str, DAG] = {}
-    for train in sorted(config.trains, key=lambda t: t.id):
-        dag_id = dag_id_for(train.id)
-        if wanted and wanted != dag_id:
-            continue
-        dags[dag_id] = build_train_dag(config, train.id, p)
+    with gcpause.paused():
+        for train in sorted(config.trains, key=lambda t: t.id):
+            dag_id = dag_id_for(train.id)
+            if wanted and wanted != dag_id:
+                continue
+            dags[dag_id] = build_train_dag(config, train.id, p)
     return dags

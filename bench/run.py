@@ -1,9 +1,13 @@
-"""Run every benchmark; each prints its figures beside its baseline, then one JSON line."""
+"""Run every benchmark; each prints its figures beside its baseline, then one JSON line; at the end, one
+table of every figure beside its baseline and its goal (a bench that failed says so in its row)."""
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -15,20 +19,93 @@ import bench_size  # noqa: E402
 import bench_ssh  # noqa: E402
 import bench_train  # noqa: E402
 
+Row = tuple[str, str, str, str, bool]  # figure, Railyard, baseline, goal, met
+
+
+def rows_parse(f: dict[str, Any]) -> list[Row]:
+    r, b = f["railyard"]["median_s"], f["baseline"]["median_s"]
+    return [("DAG parse, 20 trains x 64 domains", f"{r:.2f} s", f"EmptyOperator DAGs {b:.2f} s",
+             "<= 1.2x baseline", f["ratio_median"] <= 1.2)]
+
+
+def rows_plan(f: dict[str, Any]) -> list[Row]:
+    base = f"one GET of the fleet {f['baseline_get_s']:.2f} s; fetch-once command {f['baseline_fetch_once_cmd_s']:.2f} s"
+    return [(f"railyard plan, {f['hosts']:,} hosts", f"{f['plan_s']:.2f} s", base, "< 2 s", f["plan_s"] < 2.0),
+            (f"railyard drift, {f['hosts']:,} hosts", f"{f['drift_s']:.2f} s", base, "< 1 s", f["drift_s"] < 1.0)]
+
+
+def rows_size(f: dict[str, Any]) -> list[Row]:
+    return [(f"railyard size, {f['hosts']:,} hosts", f"{f['seconds']:.2f} s",
+             f"validating the input {f['baseline_parse_seconds']:.2f} s", "< 1 s", f["goal_met"])]
+
+
+def rows_train(f: dict[str, Any]) -> list[Row]:
+    return [("orchestration overhead per stop, demo train", f"{f['overhead_per_stop_s']:.2f} s",
+             f"work floor {f['work_seconds']:.1f} s; Airflow alone, same shape {f['baseline_per_stop_s']:.2f} s/stop",
+             "<= 2 s", f["overhead_per_stop_s"] <= 2.0)]
+
+
+def rows_ssh(f: dict[str, Any]) -> list[Row]:
+    ansible = f.get("ansible_adhoc_s")
+    return [
+        ("SSH fan-out, 64 hosts / one host's floor", f"{f['railyard_s']:.2f} s ({f['railyard_over_floor']}x)",
+         f"one host {f['floor_one_host_s']:.2f} s; CPU bound here {f['cpu_bound_s']:.2f} s", "<= 1.5x floor",
+         f["railyard_over_floor"] <= 1.5),
+        ("SSH fan-out, 64 hosts / Ansible", f"{f['railyard_s']:.2f} s",
+         f"Ansible ad-hoc {ansible:.2f} s" if ansible else "Ansible not installed", "<= Ansible",
+         bool(ansible) and f["railyard_s"] <= ansible),
+    ]
+
+
+def rows_ledger(f: dict[str, Any]) -> list[Row]:
+    return [("ledger lease ops/s, PostgreSQL, 8 writers", f"{f['lease_ops_per_s']:,}/s ({f['lease_over_floor']:.2f}x)",
+             f"1-row UPDATE floor {f['floor_txn_per_s']:,}/s", ">= 1,000/s and >= 0.5x floor", f["goal_met"])]
+
+
+def rows_grid(f: dict[str, Any]) -> list[Row]:
+    return [("Airflow grid, 64-domain train, 25 runs", f"{f['railyard']['page_settled_s']:.2f} s",
+             f"EmptyOperator DAG, same shape {f['baseline']['page_settled_s']:.2f} s",
+             f"<= {bench_grid.GOAL_OVER_BASELINE}x baseline", f["goal_met"])]
+
+
+BENCHES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]], list[Row]]]] = [
+    ("DAG parse: 20 trains x 64 domains, Railyard vs plain EmptyOperator DAGs", bench_parse.main, rows_parse),
+    ("railyard plan / drift on 76,800 hosts in 1,200 domains, vs one fetch of the fleet", bench_plan.main, rows_plan),
+    ("railyard size on 75,000 hosts (600,000 GPUs), vs validating the same input", bench_size.main, rows_size),
+    ("Demo train: wall time vs the work floor, and Airflow alone on the same shape", bench_train.main, rows_train),
+    ("SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible", bench_ssh.main, rows_ssh),
+    ("Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor",
+     lambda: bench_ledger.main([]), rows_ledger),
+    ("Airflow's grid: a 64-domain train over 25 runs in headless Chromium, vs an EmptyOperator DAG",
+     bench_grid.main, rows_grid),
+]
+
+
+def table(rows: list[Row]) -> str:
+    head: Row = ("figure", "Railyard", "baseline", "goal", True)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    lines = []
+    for r in [head, *rows]:
+        met = "met" if r is head or r[4] else "NOT met"
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  "
+                     + ("met?" if r is head else met))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    rows: list[Row] = []
+    for title, run, to_rows in BENCHES:
+        print(f"== {title} ==", flush=True)
+        try:
+            rows += to_rows(run())
+        except Exception:  # one bench that breaks does not lose the others' figures
+            traceback.print_exc()
+            rows.append((title.split(":")[0], "FAILED (see above)", "", "", False))
+        print(flush=True)
+    print("== Every figure, beside its baseline and its goal ==")
+    print(table(rows))
+    return 1 if any(r[1].startswith("FAILED") for r in rows) else 0
+
+
 if __name__ == "__main__":
-    print("== DAG parse: 20 trains x 64 domains, Railyard vs plain EmptyOperator DAGs ==", flush=True)
-    bench_parse.main()
-    print("\n== railyard plan / drift on 76,800 hosts in 1,200 domains, vs one fetch of the fleet ==", flush=True)
-    bench_plan.main()
-    print("\n== railyard size on 75,000 hosts (600,000 GPUs), vs validating the same input ==", flush=True)
-    bench_size.main()
-    print("\n== Demo train: wall time vs the work floor, on airflow standalone ==", flush=True)
-    bench_train.main()
-    print("\n== SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible ==", flush=True)
-    bench_ssh.main()
-    print("\n== Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor ==",
-          flush=True)
-    bench_ledger.main([])
-    print("\n== Airflow's grid: a 64-domain train over 25 runs in headless Chromium, vs an EmptyOperator DAG ==",
-          flush=True)
-    bench_grid.main()
+    sys.exit(main())

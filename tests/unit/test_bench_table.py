@@ -1,0 +1,40 @@
+"""`make bench`'s closing table: each figure beside its baseline and goal, met or not, and a bench that
+breaks neither hides the others' figures nor passes for a result."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import run as bench_run  # noqa: E402
+
+TRAIN = {"overhead_per_stop_s": 3.36, "work_seconds": 90.7, "baseline_per_stop_s": 2.43}
+LEDGER = {"lease_ops_per_s": 1879, "lease_over_floor": 0.48, "floor_txn_per_s": 3913, "goal_met": False}
+
+
+def test_every_row_says_met_or_not_from_its_own_figures():
+    rows = bench_run.rows_train(TRAIN) + bench_run.rows_train(TRAIN | {"overhead_per_stop_s": 1.9})
+    rows += bench_run.rows_ledger(LEDGER)
+    assert [r[4] for r in rows] == [False, True, False]
+    text = bench_run.table(rows)
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["figure", "Railyard"] and lines[0].endswith("met?")
+    assert lines[1].endswith("NOT met") and "3.36 s" in lines[1] and "2.43 s/stop" in lines[1]
+    assert lines[2].endswith("  met") and "1.90 s" in lines[2]
+    assert "1,879/s (0.48x)" in lines[3] and "3,913/s" in lines[3]
+
+
+def test_a_bench_that_breaks_is_a_failed_row_and_a_failed_run(monkeypatch, capsys):
+    def broken() -> dict:
+        raise RuntimeError("sshd missing")
+
+    monkeypatch.setattr(bench_run, "BENCHES", [("Demo train: x", lambda: TRAIN, bench_run.rows_train),
+                                               ("SSH fan-out: y", broken, bench_run.rows_ssh)])
+    assert bench_run.main() == 1
+    out = capsys.readouterr()
+    assert "sshd missing" in out.err
+    table = out.out.split("== Every figure, beside its baseline and its goal ==")[1]
+    assert "orchestration overhead per stop" in table and "3.36 s" in table
+    assert "SSH fan-out  " in table and "FAILED" in table

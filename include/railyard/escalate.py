@@ -17,8 +17,6 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
 from railyard.config import RailyardConfig
 from railyard.ledger import Ledger
 
@@ -66,6 +64,8 @@ def escalate(config: RailyardConfig, ledger: Ledger, *, kind: str, summary: str,
     ledger.note(op_id, "escalation", [], f"{kind}: {summary}")
     url = os.environ.get("RAILYARD_WEBHOOK_URL") or config.escalation.webhook_url
     if url:
+        import requests  # here, not at the top: the DAG files import this module, and requests costs 40 ms
+
         host = webhook_host(url)
         redact_in_http_logs(url)
         try:

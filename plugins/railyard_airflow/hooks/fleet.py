@@ -8,7 +8,6 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from railyard.config import RailyardConfig, config_path
-from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import Fleet
 
 SSH_URL = "ssh-fleet:"  # what `base_url` says for the ssh backend; triggers turn it back into a fleet
@@ -85,6 +84,9 @@ class FleetHook(BaseHook):
         auth = fleet_auth(conn.login, conn.password, extra, conn_id=self.fleet_conn_id)
         for secret in (auth.get("token"), auth.get("password")):
             _mask(secret)
+        # imported here: it imports requests (40 ms), and every DAG file imports this module
+        from railyard.fleet.http import HttpFleet
+
         return HttpFleet(self.base_url, **auth, **fleet_tls(extra, conn_id=self.fleet_conn_id),
                          read_timeout=float(extra.get("read_timeout", 15.0)),
                          connect_timeout=float(extra.get("connect_timeout", 3.0)))
@@ -209,4 +211,6 @@ def fleet_for_url(url: str) -> Fleet:
         return FleetHook(config_path=url[len(SSH_URL):]).get_conn()
     if url.startswith(SLURM_URL):
         return FleetHook(config_path=url[len(SLURM_URL):]).get_conn()
+    from railyard.fleet.http import HttpFleet
+
     return HttpFleet(url)

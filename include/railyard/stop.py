@@ -379,21 +379,31 @@ class Stop:
 
     # ---- 3. drain ------------------------------------------------------------------------------
     def drain(self) -> dict[str, Any]:
-        held = self._require_lease()
-        hosts = {h.name: h for h in self.fleet.hosts(held)}
-        to_drain = [n for n, h in hosts.items() if h.state == HostState.SERVING]
+        to_drain = self._drain_held(self._require_lease())
+        self._sample_capacity()
+        return {"drained": len(to_drain)}
+
+    def _drain_held(self, held: list[str], again: bool = False) -> list[str]:
+        """Drain the held hosts that serve and wait until none serves or drains; returns those it drained.
+        `again`: a later step found the fleet had put held hosts back in service (a Slurm controller restart
+        loses drains): they are drained again before anything is installed on or checked on them."""
+        to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
         if to_drain:
+            if again:
+                self.say(f"{self.domain.name}: {', '.join(to_drain)} back in service though held (a drain the "
+                         "fleet lost); draining again")
             self.fleet.drain(to_drain, self.op_id)
-            self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
+            self.ledger.note(self.op_id, "drain_again" if again else "drain", to_drain,
+                             f"{self.kind} {self.train.id}", actor=self.actor)
 
         def probe() -> tuple[bool, str]:
             now = self.fleet.hosts(held)
             left = [h.name for h in now if h.state in (HostState.SERVING, HostState.DRAINING)]
             return not left, f"drained {len(now) - len(left)}/{len(now)}"
 
-        self._wait("drain", self.timeouts.drain_s, probe)
-        self._sample_capacity()
-        return {"drained": len(to_drain)}
+        if to_drain or not again:
+            self._wait("drain", self.timeouts.drain_s, probe)
+        return to_drain
 
     def _sample_capacity(self) -> None:
         """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart. Not worth
@@ -413,6 +423,7 @@ class Stop:
             not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
             "waiting for work in flight"))
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
+        self._drain_held([n for n in held if n in mine], again=True)
         work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self.fleet.hosts(held)
                 if h.name in mine and h.state == HostState.DRAINED and h.last_error is None}
         started = [n for n, steps in work.items() if steps]
@@ -441,10 +452,11 @@ class Stop:
         """Deep health check of the drained hosts; failures go to repair with the evidence."""
         held = self._require_lease()
         names = hosts if hosts is not None else held
+        mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
+        self._drain_held([n for n in names if n in mine], again=True)
         todo_hosts = {h.name: h for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)}
         todo = list(todo_hosts)
         expect = {n: self.expected(h) for n, h in todo_hosts.items()}
-        mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
         start = [n for n in todo if n in mine and self.ledger.verification(self.op_id, n) is None]
         self._each(start, lambda n: self.fleet.start_check(n, expect[n], self.op_id))
 

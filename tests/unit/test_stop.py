@@ -586,3 +586,36 @@ def test_a_domains_installs_and_checks_are_launched_side_by_side(tmp_path):
     out = s.check()
     assert seen["most"] == 4 and out["passed"] == 4
     assert s.return_hosts()["returned"] == 4
+
+
+def _lose_drain(fleet: SimEngine, name: str) -> None:
+    """What a restarted Slurm controller does to a drained node: it is back in service, the drain forgotten."""
+    h = fleet._hosts[name]
+    h.state, h.operation = HostState.SERVING, None
+    fleet._dirty = True
+
+
+@pytest.mark.parametrize("lost_before", ["upgrade", "check"])
+def test_a_drain_the_fleet_lost_is_redone_before_installing_or_checking(tmp_path, lost_before):
+    """A held host the fleet put back in service between two steps is drained again, then upgraded and checked
+    like the others: never skipped by the upgrade (and then sent to repair for versions it never got), never
+    checked or returned without its drain."""
+    cfg, clock, fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    if lost_before == "upgrade":
+        _lose_drain(fleet, "ha2")
+        assert fleet.hosts(["ha2"])[0].state == HostState.SERVING
+    assert s.upgrade()["upgraded"] == 4
+    if lost_before == "check":
+        _lose_drain(fleet, "ha2")
+    assert s.check() == {"checked": 4, "passed": 4, "offboarded": []}
+    assert s.return_hosts() == {"returned": 4, "offboarded": []}
+    hosts = fleet.hosts(cfg.domain("pod-a").hosts)
+    assert all(h.state == HostState.SERVING for h in hosts)
+    assert all(h.versions == {"gpu-driver": "570.86.15", "fabric-manager": "570.86.15"} for h in hosts)
+    assert fleet.audit()["unverified_returns"] == []
+    again = [r for r in ledger.audit_rows(s.op_id) if r["action"] == "drain_again"]
+    assert len(again) == 1 and again[0]["hosts"] == ["ha2"], again

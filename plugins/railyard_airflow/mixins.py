@@ -47,7 +47,11 @@ class StopTaskMixin:
                 raise TypeError(f"{type(self).__name__}: missing keyword argument {name!r}")
             object.__setattr__(self, name, value)  # not Airflow's __setattr__: nothing of its to track here
         object.__setattr__(self, "_task_args_taken", True)
-        return args, kwargs
+        return args, self._airflow_args(kwargs)
+
+    def _airflow_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Airflow's own keyword arguments, given Railyard's (now set): a subclass derives some here."""
+        return kwargs
 
     @cached_property
     def hook(self) -> FleetHook:

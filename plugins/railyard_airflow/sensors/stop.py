@@ -27,13 +27,10 @@ class _StopSensor(BaseSensorOperator, StopTaskMixin):
     poll_s: float
     deferrable: bool
 
-    def _hook_apply_defaults(self, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        outer = "_task_args_taken" not in vars(self)
-        args, kwargs = super()._hook_apply_defaults(*args, **kwargs)
-        if outer:  # BaseSensorOperator's own arguments, from ours
-            kwargs.setdefault("timeout", self.wait_s)
-            kwargs.setdefault("poke_interval", self.poll_s)
-        return args, kwargs
+    def _airflow_args(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs.setdefault("timeout", self.wait_s)  # BaseSensorOperator's own arguments, from ours
+        kwargs.setdefault("poke_interval", self.poll_s)
+        return kwargs
 
     def trigger_kwargs(self, context: Any, stop: Stop, started: float) -> dict[str, Any]:
         """What the trigger needs, and no secret: any viewer of the task can read these (REST API, UI).

@@ -379,31 +379,38 @@ class Stop:
 
     # ---- 3. drain ------------------------------------------------------------------------------
     def drain(self) -> dict[str, Any]:
-        to_drain = self._drain_held(self._require_lease())
+        held = self._require_lease()
+        to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
+        if to_drain:
+            self.fleet.drain(to_drain, self.op_id)
+            self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
+        self._wait_drained(held)
         self._sample_capacity()
         return {"drained": len(to_drain)}
 
-    def _drain_held(self, held: list[str], again: bool = False) -> list[str]:
-        """Drain the held hosts that serve and wait until none serves or drains; returns those it drained.
-        `again`: a later step found the fleet had put held hosts back in service (a Slurm controller restart
-        loses drains): they are drained again before anything is installed on or checked on them."""
-        to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
-        if to_drain:
-            if again:
-                self.say(f"{self.domain.name}: {', '.join(to_drain)} back in service though held (a drain the "
-                         "fleet lost); draining again")
-            self.fleet.drain(to_drain, self.op_id)
-            self.ledger.note(self.op_id, "drain_again" if again else "drain", to_drain,
-                             f"{self.kind} {self.train.id}", actor=self.actor)
+    def _drained_again(self, names: list[str]) -> list[Host]:
+        """The held hosts `names` as the fleet has them, once any it put back in service (a Slurm controller
+        restart loses drains) is drained again: nothing is installed on or checked on a serving host. One
+        read of the fleet when no drain was lost."""
+        now = self.fleet.hosts(names)
+        lost = [h.name for h in now if h.state == HostState.SERVING]
+        if not lost:
+            return now
+        self.say(f"{self.domain.name}: {', '.join(lost)} back in service though held (a drain the fleet lost); "
+                 "draining again")
+        self.fleet.drain(lost, self.op_id)
+        self.ledger.note(self.op_id, "drain_again", lost, f"{self.kind} {self.train.id}", actor=self.actor)
+        self._wait_drained(names)
+        return self.fleet.hosts(names)
 
+    def _wait_drained(self, names: list[str]) -> None:
+        """Until none of `names` serves or drains."""
         def probe() -> tuple[bool, str]:
-            now = self.fleet.hosts(held)
+            now = self.fleet.hosts(names)
             left = [h.name for h in now if h.state in (HostState.SERVING, HostState.DRAINING)]
             return not left, f"drained {len(now) - len(left)}/{len(now)}"
 
-        if to_drain or not again:
-            self._wait("drain", self.timeouts.drain_s, probe)
-        return to_drain
+        self._wait("drain", self.timeouts.drain_s, probe)
 
     def _sample_capacity(self) -> None:
         """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart. Not worth
@@ -423,9 +430,8 @@ class Stop:
             not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
             "waiting for work in flight"))
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
-        self._drain_held([n for n in held if n in mine], again=True)
-        work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self.fleet.hosts(held)
-                if h.name in mine and h.state == HostState.DRAINED and h.last_error is None}
+        work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self._drained_again([n for n in held if n in mine])
+                if h.state == HostState.DRAINED and h.last_error is None}
         started = [n for n, steps in work.items() if steps]
         self._each(started, lambda n: self.fleet.upgrade(n, work[n], self.op_id))
         if started:
@@ -453,8 +459,10 @@ class Stop:
         held = self._require_lease()
         names = hosts if hosts is not None else held
         mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
-        self._drain_held([n for n in names if n in mine], again=True)
-        todo_hosts = {h.name: h for h in self.fleet.hosts(names) if h.state in (HostState.DRAINED, HostState.CHECKING)}
+        ours = [n for n in names if n in mine]
+        others = [n for n in names if n not in mine]
+        now = (self._drained_again(ours) if ours else []) + (self.fleet.hosts(others) if others else [])
+        todo_hosts = {h.name: h for h in now if h.state in (HostState.DRAINED, HostState.CHECKING)}
         todo = list(todo_hosts)
         expect = {n: self.expected(h) for n, h in todo_hosts.items()}
         start = [n for n in todo if n in mine and self.ledger.verification(self.op_id, n) is None]

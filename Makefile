@@ -18,14 +18,17 @@ deps:  ## the Debian packages the tests need: installed if missing (as root), el
 demo: $(STAMP)  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: exit when done)
 	$(BIN)/railyard demo
 
+# Two pytest-xdist workers side by side, one lane each (tests/conftest.py says which tests go where).
+LANES := -n 2 --dist loadscope
+
 test: deps $(STAMP) lint  ## lint, then every tier, the slow end-to-end one included
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(LANES)
 
 test-fast: deps $(STAMP) lint  ## lint, then everything but the end-to-end tier
-	$(BIN)/pytest -q -m "not e2e"
+	$(BIN)/pytest -q $(LANES) -m "not e2e"
 
 test-e2e: deps $(STAMP)
-	$(BIN)/pytest -q -m e2e
+	$(BIN)/pytest -q $(LANES) -m e2e
 
 faults: deps $(STAMP)  ## the fault suite at the issue's full counts, with its summary of figures
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \

@@ -90,6 +90,7 @@ def _ledger_worker(url: str, ledger_path: str | None, idx: int, procs: int, repa
     pair(-1)  # warm: connection, compiled statements
     ready.put(idx)
     go.wait()
+    c0 = time.process_time()
     t0 = time.time()
     end = time.monotonic() + seconds
     k = 0
@@ -97,7 +98,7 @@ def _ledger_worker(url: str, ledger_path: str | None, idx: int, procs: int, repa
         pair(k)
         k += 1
     out.put({"idx": idx, "ops": 2 * k, "pairs": k, "t0": t0, "t1": time.time(), "refused": refused[:3],
-             "n_refused": len(refused)})
+             "n_refused": len(refused), "cpu": time.process_time() - c0})
     led.engine.dispose()
 
 
@@ -110,6 +111,7 @@ def _floor_worker(dsn: dict[str, str], idx: int, seconds: float, ready: Any, go:
     conn.commit()
     ready.put(idx)
     go.wait()
+    c0 = time.process_time()
     t0 = time.time()
     end = time.monotonic() + seconds
     k = 0
@@ -117,12 +119,19 @@ def _floor_worker(dsn: dict[str, str], idx: int, seconds: float, ready: Any, go:
         cur.execute("UPDATE floor SET n = n + 1 WHERE id = %s", (idx,))
         conn.commit()
         k += 1
-    out.put({"idx": idx, "ops": k, "t0": t0, "t1": time.time()})
+    out.put({"idx": idx, "ops": k, "t0": t0, "t1": time.time(), "cpu": time.process_time() - c0})
     conn.close()
 
 
+def busy_s() -> float:
+    """CPU seconds this machine has spent busy since boot, all cores (/proc/stat: not idle, not iowait)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
-    """Start `procs` spawned workers, release them together once all are warm, collect their counts."""
+    """Start `procs` spawned workers, release them together once all are warm, collect their counts. The
+    first result carries the machine's busy CPU seconds over the run (`busy`): server, clients and all."""
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     ps = [ctx.Process(target=target, args=(*args_of(i), ready, go, out)) for i in range(procs)]
@@ -131,8 +140,10 @@ def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
     try:
         for _ in ps:
             ready.get(timeout=120)
+        b0 = busy_s()
         go.set()
         res = [out.get(timeout=300) for _ in ps]
+        res[0] = res[0] | {"busy": busy_s() - b0}
     finally:
         for p in ps:
             p.join(timeout=30)
@@ -142,6 +153,12 @@ def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
     if any(p.exitcode != 0 for p in ps):
         raise RuntimeError(f"a worker failed: exit codes {[p.exitcode for p in ps]}")
     return res
+
+
+def cpu_per_op_ms(res: list[dict[str, Any]]) -> tuple[float, float]:
+    """(CPU of the whole machine, CPU of the clients) per operation, in ms."""
+    ops = sum(r["ops"] for r in res)
+    return 1000 * sum(r.get("busy", 0.0) for r in res) / ops, 1000 * sum(r["cpu"] for r in res) / ops
 
 
 def rate(res: list[dict[str, Any]], key: str = "ops") -> float:
@@ -202,6 +219,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{floors[1]:.0f})")
     print(f"  {'ledger: lease ops (acquire or release)':44}{lease_ops:>12.0f}   ({pairs:.0f} acquire+release pairs/s)")
     print(f"  {'ledger / floor':44}{share:>12.2f}")
+    f_cpu, f_cli = cpu_per_op_ms(floor_before + floor_after)
+    l_cpu, l_cli = cpu_per_op_ms(lease)
+    cores = os.cpu_count() or 1
+    l_busy = lease[0]["busy"] / (cores * (max(r["t1"] for r in lease) - min(r["t0"] for r in lease)))
+    print(f"  CPU per operation (whole machine; the clients' part): floor {f_cpu:.3f} ms ({f_cli:.3f}), "
+          f"ledger {l_cpu:.3f} ms ({l_cli:.3f});")
+    print(f"  the {cores} cores were {l_busy:.0%} busy during the ledger's run; so {cores}/CPU per op = "
+          f"{cores / l_cpu * 1000:.0f} lease ops/s is this machine's bound for that work")
     if refused:
         print(f"  {refused} acquires were refused, e.g. {next(r['refused'][0] for r in lease if r['refused'])}")
     print(f"  goal: >= {GOAL_OPS} lease ops/s and >= {GOAL_FLOOR_SHARE} x floor: {'met' if ok else 'NOT met'}")
@@ -211,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "floor_txn_per_s": round(floor_ops), "lease_ops_per_s": round(lease_ops),
            "floor_before_per_s": round(floors[0]), "floor_after_per_s": round(floors[1]),
            "lease_pairs_per_s": round(pairs), "lease_over_floor": round(share, 3), "refused": refused,
+           "floor_cpu_ms_per_op": round(f_cpu, 4), "lease_cpu_ms_per_op": round(l_cpu, 4),
+           "lease_client_cpu_ms_per_op": round(l_cli, 4), "lease_busy_share": round(l_busy, 3),
            "loadavg": round(load0, 2),
            "settings": settings, "goal_met": ok}
     print(json.dumps(out))

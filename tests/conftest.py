@@ -104,8 +104,8 @@ def _describe(p: psutil.Process) -> str:
     return f"{p.pid} {cmd!r}, started during {test}"
 
 
-@pytest.hookimpl(trylast=True)  # after the session-scoped fixtures' teardown
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _end_leftovers() -> list[str]:
+    """End what this session started that still runs; returns their descriptions (none: all is well)."""
     deadline = time.monotonic() + 5  # a process that was told to stop may take a moment
     left = session_leftovers()
     while left and time.monotonic() < deadline:
@@ -114,7 +114,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         left = session_leftovers()
     if not left:
         _reap()
-        return
+        return []
     lines = [_describe(p) for p in left]
     for p in left:
         try:
@@ -129,6 +129,28 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             pass
     psutil.wait_procs(alive, timeout=5)
     _reap()
+    return lines
+
+
+_FROM_WORKERS: list[str] = []  # what the xdist workers found left running (`make test` runs two)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist's controller: a worker is done; keep what it found left running (its exit status is not sent)."""
+    _FROM_WORKERS.extend(getattr(node, "workeroutput", {}).get("railyard_leftovers", []))
+
+
+@pytest.hookimpl(trylast=True)  # after the session-scoped fixtures' teardown (and xdist's workers' end)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    lines = _end_leftovers()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its controller reports them and fails the run
+        workeroutput["railyard_leftovers"] = lines
+        return
+    lines += _FROM_WORKERS
+    if not lines:
+        return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     msg = f"{len(lines)} process(es) started by this test session outlived it (now killed):"
     if tr is not None:
@@ -139,3 +161,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     else:
         print(msg, *lines, sep="\n  ", file=sys.stderr)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---- two lanes for `make test` (pytest-xdist: -n 2 --dist loadscope) ------------------------------------------
+# Each worker runs one lane whole, in order: a lane is the scope xdist schedules by. Lane "a" holds the Airflow
+# stacks that take longest; lane "b" the rest, with every Slurm cluster (one at a time: each picks a block of
+# ports while they are free, then binds them) and every demo (`make stop` ends every demo on the machine) in
+# it. Run alone (no -n), the lanes change nothing.
+LANE_A = ("tests/distributed/", "tests/e2e/test_faults.py", "tests/e2e/test_ui_page.py", "tests/e2e/test_two_trains.py",
+          "tests/e2e/test_secrets_standalone.py")
+
+
+def lane_of(nodeid: str) -> str:
+    return "a" if nodeid.startswith(LANE_A) else "b"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return Lanes(config, log)  # type: ignore[arg-type]

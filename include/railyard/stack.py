@@ -277,6 +277,9 @@ class Stack(AirflowRest):
         self.config: RailyardConfig = load_config(self.config_file)
         self.sim_port = self.sim_port or self.config.simulator.port
         self._token: str | None = None
+        # the scheduler's and the triggerer's log servers (Airflow's 8793 and 8794): ports of this stack's own,
+        # so that two stacks on one machine do not fight for them (kept across restarts of a component)
+        self._log_ports = (free_port(), free_port())
 
     # ---- paths and environment -----------------------------------------------------------------
     @property
@@ -323,6 +326,8 @@ class Stack(AirflowRest):
                 "AIRFLOW__API__BASE_URL": self.api,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api}/execution/",
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self._log_ports[0]),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._log_ports[1]),
                 f"AIRFLOW_CONN_{self.config.fleet.connection.upper()}": json.dumps(self.fleet_connection()),
                 "RAILYARD_CONFIG": str(self.config_file),
                 "RAILYARD_HOME": str(self.home),

@@ -35,7 +35,7 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def test_a_demo_killed_mid_stop_is_finished_by_the_next_demo(tmp_path):
-    data = small_config(domains=3, speed=60, upgrade_fail_rate=0.0, check_fail_rate=0.0)
+    data = small_config(domains=3, speed=150, upgrade_fail_rate=0.0, check_fail_rate=0.0)
     data["simulator"]["port"] = free_port()
     cfg = write_config(tmp_path / "railyard.yaml", data)
     home = tmp_path / "demo"

@@ -84,6 +84,33 @@ def open_page(driver, stack: Stack) -> None:  # noqa: ANN001
     until("the page's first refresh", lambda: driver.execute_script("return document.body.dataset.updated"))
 
 
+def click(driver, css: str) -> None:  # noqa: ANN001
+    """Click what `css` selects. The page redraws itself every few seconds: an element found just before a
+    redraw is gone ("stale") when clicked, so it is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def attempt() -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    until(f"a click on {css}", attempt, timeout=20, every=0.1)
+
+
+def text_of(driver, css: str) -> str:  # noqa: ANN001
+    """The text of what `css` selects; "" while the page redraws it."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(driver.find_element(By.CSS_SELECTOR, css).text)
+    except StaleElementReferenceException:
+        return ""
+
+
 def page_js(driver, script: str):  # noqa: ANN001, ANN201
     return driver.execute_script(script)
 
@@ -165,15 +192,15 @@ def test_the_page_follows_a_train(stack, browser) -> None:
     reason = fleet.hosts([FAILS])[0].reason
     assert reason and reason in after["text"], (reason, after)
     # a host's history on click: its failed check with the evidence
-    browser.find_element(By.CSS_SELECTOR, f'.host[data-host="{FAILS}"]').click()
-    until("the host history", lambda: "FAILED" in browser.find_element(By.ID, "history").text, timeout=20)
+    click(browser, f'.host[data-host="{FAILS}"]')
+    until("the host history", lambda: "FAILED" in text_of(browser, "#history"), timeout=20)
     path = shot(browser, stack, "2-after-the-train")
     (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ROOT / "docs" / "img" / "railyard-page.png")
     # the emergency button shows the selection as the form's conf and opens railyard_emergency's page
     # (Airflow 3.3.2 has no URL that opens its trigger form pre-filled: /dags/<id>/trigger/single is a 404)
-    browser.find_element(By.CSS_SELECTOR, '.dom[data-domain="pod-c"] .name').click()
-    browser.find_element(By.ID, "emergency").click()
+    click(browser, '.dom[data-domain="pod-c"] .name')
+    click(browser, "#emergency")
     conf = browser.find_element(By.ID, "emergency-conf").text
     assert '"domains":["pod-c"]' in conf and f'"hosts":["{FAILS}"]' in conf and '"dry_run":true' in conf, conf
     until("the emergency DAG's page", lambda: browser.current_url.endswith("/dags/railyard_emergency"), timeout=30)
@@ -191,7 +218,7 @@ def test_a_viewer_reads_the_page_but_may_not_act(stack, browser) -> None:
     assert page_js(browser, "return document.querySelectorAll('.host').length") == 5
     browser.find_element(By.ID, "reason").send_keys("viewer wants a freeze")
     browser.find_element(By.ID, "freeze-on").click()
-    until("the refusal shown", lambda: "HTTP 403" in browser.find_element(By.ID, "msg").text, timeout=20)
+    until("the refusal shown", lambda: "HTTP 403" in text_of(browser, "#msg"), timeout=20)
     shot(browser, stack, "4-viewer-refused")
     led = ledger(stack)
     assert led.switch("freeze") is None
@@ -219,7 +246,7 @@ def test_freeze_from_the_page_stops_a_train_at_the_next_domain_boundary(stack, b
     assert maintenance_out(led) == {}
     assert stack.run_state("railyard_train_kernel", run) == "running"
     assert all(h.versions["kernel"] == "6.1.0-25" for h in fleet.hosts(["gpu-c01", "gpu-c02"]))
-    until("the page shows the freeze", lambda: "FROZEN" in browser.find_element(By.ID, "freeze").text, timeout=20)
+    until("the page shows the freeze", lambda: "FROZEN" in text_of(browser, "#freeze"), timeout=20)
     shot(browser, stack, "5-frozen")
     browser.find_element(By.ID, "reason").clear()
     browser.find_element(By.ID, "reason").send_keys("launch is over, thaw")

@@ -91,7 +91,7 @@ PER_RUN = frozenset({
     "PATH", "PYTHONPATH", "AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER",
     "AIRFLOW__API__HOST", "AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL", "AIRFLOW__API_AUTH__JWT_SECRET",
     "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT",
-    "RAILYARD_CONFIG", "RAILYARD_HOME", WORKER_NAME, MARKER,
+    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", "RAILYARD_CONFIG", "RAILYARD_HOME", WORKER_NAME, MARKER,
 })
 # Keys only this one-machine stack needs, each for a reason that a real deployment does not have.
 TEST_ONLY = {
@@ -254,6 +254,7 @@ class DistributedStack(AirflowRest):
         self._token: str | None = None
         self.leftovers: list[str] = []  # processes that outlived their component's graceful stop
         self._trigger_log_port = free_port()
+        self._worker_log_port = free_port()  # the scheduler's log server, if it starts one: not Airflow's 8793
         self._service_pids: dict[str, int] = {}  # postgres, redis
 
     # ---- paths and URLs ---------------------------------------------------------------------------------
@@ -319,6 +320,7 @@ class DistributedStack(AirflowRest):
             "AIRFLOW__API_AUTH__JWT_SECRET": self._jwt_secret,
             "AIRFLOW__API__SECRET_KEY": self._secret_key,
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self._trigger_log_port),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self._worker_log_port),
             "RAILYARD_HOME": str(self.railyard_home(component)),
             MARKER: self.id,
         })

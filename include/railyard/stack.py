@@ -35,11 +35,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
-# `airflow standalone` keeps Airflow's metadata in SQLite, whose driver waits 5 s for a lock by default: on a busy
-# machine a scheduler that waited longer died of "database is locked" and the run stalled. Airflow takes its
-# connect args by import path (AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS, set by `Stack.env`).
-AIRFLOW_SQLITE_CONNECT_ARGS: dict[str, Any] = {"timeout": 60}
-
 
 class StackError(RuntimeError):
     pass
@@ -343,8 +338,6 @@ class Stack(AirflowRest):
             env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = "0.05"
             env["AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC"] = "1"
         env.update(self.extra_env)
-        if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
-            env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", f"{__name__}.AIRFLOW_SQLITE_CONNECT_ARGS")
         return env
 
     # ---- the simulator --------------------------------------------------------------------------

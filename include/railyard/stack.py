@@ -12,14 +12,12 @@ Airflow as the password of the fleet connection (`AIRFLOW_CONN_<fleet.connection
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -389,12 +387,6 @@ class Stack(AirflowRest):
         if self.airflow_home.exists():
             shutil.rmtree(self.airflow_home)
         self.airflow_home.mkdir(parents=True)
-        if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in self.env():  # standalone's own SQLite file
-            # in WAL mode, where readers and a writer do not wait for each other: in SQLite's default journal a
-            # scheduler's write that waited over 5 s behind readers (a busy machine) died of "database is
-            # locked", and its runs stalled. The mode is kept in the file; Airflow creates its tables in it.
-            with contextlib.closing(sqlite3.connect(self.airflow_home / "airflow.db")) as db:
-                db.execute("PRAGMA journal_mode=WAL")
         log = self.home / "airflow.log"
         self.airflow = subprocess.Popen(
             [str(BIN / "airflow"), "standalone"], stdout=log.open("ab"), stderr=subprocess.STDOUT,

@@ -20,7 +20,7 @@ demo: $(STAMP)  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=
 
 # One process by default. `make test LANES="-n 2 --dist loadscope"` runs two pytest-xdist workers side by side, one
 # lane each (tests/conftest.py says which tests go where): 27 minutes here instead of 35, but not the default yet:
-# under that load `airflow standalone`'s SQLite ended a scheduler with "database is locked" in 2 runs of 4.
+# under that load `airflow standalone`'s SQLite ended a scheduler with "database is locked" (1 run of 2; WAL did not help).
 LANES ?=
 
 test: deps $(STAMP) lint  ## lint, then every tier, the slow end-to-end one included

@@ -129,9 +129,9 @@ def busy_s() -> float:
     return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
-    """Start `procs` spawned workers, release them together once all are warm, collect their counts. The
-    first result carries the machine's busy CPU seconds over the run (`busy`): server, clients and all."""
+def _run(target: Any, args_of: Any, procs: int) -> tuple[list[dict[str, Any]], float]:
+    """Start `procs` spawned workers, release them together once all are warm, collect their counts; with the
+    machine's busy CPU seconds over the run (server, clients and all)."""
     ctx = mp.get_context("spawn")
     ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     ps = [ctx.Process(target=target, args=(*args_of(i), ready, go, out)) for i in range(procs)]
@@ -143,7 +143,7 @@ def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
         b0 = busy_s()
         go.set()
         res = [out.get(timeout=300) for _ in ps]
-        res[0] = res[0] | {"busy": busy_s() - b0}
+        busy = busy_s() - b0
     finally:
         for p in ps:
             p.join(timeout=30)
@@ -152,18 +152,21 @@ def _run(target: Any, args_of: Any, procs: int) -> list[dict[str, Any]]:
                 p.join()
     if any(p.exitcode != 0 for p in ps):
         raise RuntimeError(f"a worker failed: exit codes {[p.exitcode for p in ps]}")
-    return res
+    return res, busy
 
 
-def cpu_per_op_ms(res: list[dict[str, Any]]) -> tuple[float, float]:
-    """(CPU of the whole machine, CPU of the clients) per operation, in ms."""
+def cpu_per_op_ms(res: list[dict[str, Any]], busy: float) -> tuple[float, float]:
+    """(CPU of the whole machine, CPU of the clients) per operation, in ms, given the machine's busy seconds."""
     ops = sum(r["ops"] for r in res)
-    return 1000 * sum(r.get("busy", 0.0) for r in res) / ops, 1000 * sum(r["cpu"] for r in res) / ops
+    return 1000 * busy / ops, 1000 * sum(r["cpu"] for r in res) / ops
+
+
+def window(res: list[dict[str, Any]]) -> float:
+    return max(r["t1"] for r in res) - min(r["t0"] for r in res)
 
 
 def rate(res: list[dict[str, Any]], key: str = "ops") -> float:
-    window = max(r["t1"] for r in res) - min(r["t0"] for r in res)
-    return sum(r[key] for r in res) / window
+    return sum(r[key] for r in res) / window(res)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -202,9 +205,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         conn.close()
 
         load0 = os.getloadavg()[0]
-        floor_before = _run(_floor_worker, lambda i: (dsn, i, a.seconds / 2), a.procs)
-        lease = _run(_ledger_worker, lambda i: (url, a.ledger, i, a.procs, a.repairs, a.seconds), a.procs)
-        floor_after = _run(_floor_worker, lambda i: (dsn, i, a.seconds / 2), a.procs)
+        floor_before, busy_before = _run(_floor_worker, lambda i: (dsn, i, a.seconds / 2), a.procs)
+        lease, busy_lease = _run(_ledger_worker, lambda i: (url, a.ledger, i, a.procs, a.repairs, a.seconds), a.procs)
+        floor_after, busy_after = _run(_floor_worker, lambda i: (dsn, i, a.seconds / 2), a.procs)
 
     floors = (rate(floor_before), rate(floor_after))
     floor_ops, lease_ops, pairs = sum(floors) / 2, rate(lease), rate(lease, "pairs")
@@ -219,10 +222,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{floors[1]:.0f})")
     print(f"  {'ledger: lease ops (acquire or release)':44}{lease_ops:>12.0f}   ({pairs:.0f} acquire+release pairs/s)")
     print(f"  {'ledger / floor':44}{share:>12.2f}")
-    f_cpu, f_cli = cpu_per_op_ms(floor_before + floor_after)
-    l_cpu, l_cli = cpu_per_op_ms(lease)
+    f_cpu, f_cli = cpu_per_op_ms(floor_before + floor_after, busy_before + busy_after)
+    l_cpu, l_cli = cpu_per_op_ms(lease, busy_lease)
     cores = os.cpu_count() or 1
-    l_busy = lease[0]["busy"] / (cores * (max(r["t1"] for r in lease) - min(r["t0"] for r in lease)))
+    l_busy = busy_lease / (cores * window(lease))
     print(f"  CPU per operation (whole machine; the clients' part): floor {f_cpu:.3f} ms ({f_cli:.3f}), "
           f"ledger {l_cpu:.3f} ms ({l_cli:.3f});")
     print(f"  the {cores} cores were {l_busy:.0%} busy during the ledger's run; so {cores}/CPU per op = "

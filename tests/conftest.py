@@ -132,7 +132,7 @@ def _end_leftovers() -> list[str]:
     return lines
 
 
-_FROM_WORKERS: list[str] = []  # what the xdist workers found left running (`make test` runs two)
+_FROM_WORKERS: list[str] = []  # what the xdist workers found left running (`make test LANES=...`)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -163,7 +163,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# ---- two lanes for `make test` (pytest-xdist: -n 2 --dist loadscope) ------------------------------------------
+# ---- two lanes, opt-in: `make test LANES="-n 2 --dist loadscope"` (pytest-xdist) ----------------------------
 # Each worker runs one lane whole, in order: a lane is the scope xdist schedules by. Lane "a" holds the Airflow
 # stacks that take longest; lane "b" the rest, with every Slurm cluster (one at a time: each picks a block of
 # ports while they are free, then binds them) and every demo (`make stop` ends every demo on the machine) in

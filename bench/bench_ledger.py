@@ -99,7 +99,7 @@ def _ledger_worker(url: str, ledger_path: str | None, idx: int, procs: int, repa
         k += 1
     out.put({"idx": idx, "ops": 2 * k, "pairs": k, "t0": t0, "t1": time.time(), "refused": refused[:3],
              "n_refused": len(refused), "cpu": time.process_time() - c0})
-    led.engine.dispose()
+    led.dispose()
 
 
 def _floor_worker(dsn: dict[str, str], idx: int, seconds: float, ready: Any, go: Any, out: Any) -> None:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         led = mod.Ledger(url)
         for i in range(a.repairs):
             led.lease_repair(f"repair-{i}", f"broken-{i}", domain=f"rack-{i % 64}", reason="bench: broken")
-        led.engine.dispose()
+        led.dispose()
         conn = psycopg2.connect(**(dsn | {"dbname": "ledger"}))
         conn.autocommit = True
         with conn.cursor() as cur:

@@ -159,7 +159,7 @@ def main(once: bool = False) -> int:
         # work in flight (it is finished first, below), else both fresh.
         before = demo_ledger(stack)
         left = [o for o in before.active_operations() if o["hosts"] and owner_of(o) is not None]
-        before.engine.dispose()
+        before.dispose()
         if not (home / "sim.db").exists():
             left = []
         if not left:

@@ -243,9 +243,16 @@ class Ledger:
                         c.execute(insert(ledger_lock).values(id=1, n=0))
                 except Exception:  # another process created it first
                     pass
-        self._pg: ledger_pg.Functions | None = None
+        self._pg: ledger_pg.Channel | None = None
         if pg_functions and self.engine.dialect.name == "postgresql" and self.engine.dialect.driver == "psycopg2":
-            self._pg = ledger_pg.install(self.engine)
+            fns = ledger_pg.install(self.engine)
+            self._pg = None if fns is None else ledger_pg.Channel(self.engine, fns)
+
+    def dispose(self) -> None:
+        """Close every connection this process holds to the ledger (the lease calls' own among them)."""
+        if self._pg is not None:
+            self._pg.close()
+        self.engine.dispose()
 
     # ---- the atomic step ---------------------------------------------------------------------
     def acquire_domain(
@@ -289,7 +296,7 @@ class Ledger:
         if self._pg is not None:  # the same steps on the server, in one round trip (railyard.ledger_pg)
             now = time.time()
             got = ledger_pg.acquire(
-                self.engine, self._pg, op_id=op_id, train=train, domain=domain, kind=kind, actor=actor,
+                self._pg, op_id=op_id, train=train, domain=domain, kind=kind, actor=actor,
                 priority=prio, now=now, cutoff=now - WAITER_TTL_S, want=want,
                 skip=[h for h in want if h in unavail and (pool is None or h in pool)],
                 u_pool=u_pool if u_known else [], n_u_pool=len(u_pool), u_known=u_known,
@@ -393,7 +400,7 @@ class Ledger:
         operation's own row serialises it with everything that changes this operation's leases."""
         only = None if hosts is None else set(hosts)
         if self._pg is not None:  # the same steps on the server, in one round trip (railyard.ledger_pg)
-            dropped = ledger_pg.release(self.engine, self._pg, op_id=op_id, only=only, actor=actor, reason=reason,
+            dropped = ledger_pg.release(self._pg, op_id=op_id, only=only, actor=actor, reason=reason,
                                         now=time.time())
             if dropped is not None:
                 return dropped
@@ -1047,4 +1054,4 @@ def _make_engine(url: str) -> Engine:
     return eng
 
 
-_PING_IDLE_S = 1.0
+_PING_IDLE_S = ledger_pg.PING_IDLE_S

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,37 +63,27 @@ _PLAIN = r"""'^[ !#-[\]-~]*$'"""
 # recorded. One statement, so one snapshot, as in Python. Written out where it is used, so that
 # PL/pgSQL keeps its plan (a SQL function would be planned again at every call).
 _VIEW = """
-  SELECT w.hosts, w.ops, w.kinds, m.doms, m.n_maint, r.n_repair, a.op_id AS ahead_op, a.since AS ahead_since,
+  -- and what Python derives from it, derived here: hosts already ours (n_mine), hosts held by others not
+  -- for repair (n_blocking), and what a grant would lease (free: in the order of p_want, which is sorted)
+  SELECT w.hosts, w.ops, w.kinds, w.n_mine, w.n_blocking, m.doms, m.n_maint, r.n_repair,
+    a.op_id AS ahead_op, a.since AS ahead_since,
+    ARRAY(SELECT u FROM unnest(p_want) WITH ORDINALITY AS x(u, o) WHERE u <> ALL(w.hosts) AND u <> ALL(p_skip)
+          ORDER BY o) AS free,
     EXISTS (SELECT 1 FROM waiters WHERE op_id = p_op) AS waiting,
     EXISTS (SELECT 1 FROM operations WHERE id = p_op) AS op_exists,
     (SELECT count(*) FROM unnest(p_u_pool) u
      WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.host = u)) AS n_broken_known
   INTO v
-  FROM (SELECT coalesce(array_agg(host), '{}') AS hosts, array_agg(op_id) AS ops, array_agg(kind) AS kinds
+  FROM (SELECT coalesce(array_agg(host), '{}') AS hosts, array_agg(op_id) AS ops, array_agg(kind) AS kinds,
+               count(*) FILTER (WHERE op_id = p_op) AS n_mine,
+               count(*) FILTER (WHERE op_id <> p_op AND kind <> 'repair') AS n_blocking
         FROM leases WHERE host = ANY(p_want)) w,
        (SELECT coalesce(array_agg(DISTINCT domain), '{}') AS doms, count(*) AS n_maint
         FROM leases WHERE kind <> 'repair') m,
        (SELECT count(*) AS n_repair FROM leases WHERE kind = 'repair') r
   LEFT JOIN LATERAL (SELECT op_id, since FROM waiters
                      WHERE priority > p_prio AND seen_at > p_cutoff AND op_id <> p_op
-                     ORDER BY since LIMIT 1) a ON true;
-  -- what Python derives from the view: hosts already ours, hosts held by others (not for repair),
-  -- and what a grant would lease (in the order of p_want, which is sorted)
-  n_mine := 0;
-  n_blocking := 0;
-  FOR i IN 1 .. cardinality(v.hosts) LOOP
-    IF v.ops[i] = p_op THEN
-      n_mine := n_mine + 1;
-    ELSIF v.kinds[i] <> 'repair' THEN
-      n_blocking := n_blocking + 1;
-    END IF;
-  END LOOP;
-  free := '{}';
-  FOREACH want_host IN ARRAY p_want LOOP
-    IF NOT (want_host = ANY(v.hosts) OR want_host = ANY(p_skip)) THEN
-      free := free || want_host;
-    END IF;
-  END LOOP"""
+                     ORDER BY since LIMIT 1) a ON true"""
 
 # {json}, {decide}, {acquire}, {release}: the versioned names (see `_names`); {view}: _VIEW.
 # Sorted as Python sorts: code points, COLLATE "C".
@@ -111,10 +104,6 @@ AS $f$
 DECLARE
   v record;
   n_want bigint := cardinality(p_want);
-  n_mine bigint;
-  n_blocking bigint;
-  free text[];
-  want_host text;
   handed_hosts text[];
   handed_ops text[];
   n_handed bigint;
@@ -135,7 +124,7 @@ BEGIN
     PERFORM 1 FROM operations WHERE id = ANY(array_append(p_takeover, p_op)) ORDER BY id FOR UPDATE;
   END IF;
   {view};
-  IF n_mine = n_want THEN
+  IF v.n_mine = n_want THEN
     outcome := 'granted';
     reason := format('%s already holds %s', p_op, p_domain);
     RETURN;
@@ -160,7 +149,7 @@ BEGIN
       n_handed := cardinality(handed_hosts);
       from_ops := array_to_string(ARRAY(SELECT DISTINCT o COLLATE "C" FROM unnest(handed_ops) o ORDER BY 1), ', ');
       {view};
-      IF n_mine = n_want THEN
+      IF v.n_mine = n_want THEN
         outcome := 'granted';
         reason := format('%s took over %s host(s) of %s from %s', p_op, n_handed, p_domain, from_ops);
       END IF;
@@ -168,9 +157,9 @@ BEGIN
     n_out := cardinality(v.doms) + CASE WHEN p_domain = ANY(v.doms) THEN 0 ELSE 1 END;
     IF outcome IS NOT NULL THEN
       NULL;  -- a takeover: probed, or nothing left to lease
-    ELSIF n_blocking > 0 THEN
+    ELSIF v.n_blocking > 0 THEN
       outcome := 'wait';
-      reason := format('%s host(s) of %s held by %s', n_blocking, p_domain, array_to_string(ARRAY(
+      reason := format('%s host(s) of %s held by %s', v.n_blocking, p_domain, array_to_string(ARRAY(
         SELECT DISTINCT o COLLATE "C" FROM unnest(v.ops, v.kinds) AS x(o, k) WHERE o <> p_op AND k <> 'repair'
         ORDER BY 1), ', '));
     ELSIF n_out > p_max_down THEN  -- domains out, this one included
@@ -181,13 +170,13 @@ BEGIN
       -- ledger._judge
       n_broken := CASE WHEN p_u_known THEN v.n_broken_known ELSE p_n_u_pool END + v.n_repair;
       floor_hosts := p_total - p_maint - p_fail;
-      serving := p_total - v.n_maint - n_broken - cardinality(free);
+      serving := p_total - v.n_maint - n_broken - cardinality(v.free);
       IF n_broken > p_fail THEN
         outcome := 'stop';
         reason := format('failure buffer exhausted: %s hosts broken or in repair > budget %s', n_broken, p_fail);
-      ELSIF v.n_maint + cardinality(free) > p_maint THEN
+      ELSIF v.n_maint + cardinality(v.free) > p_maint THEN
         outcome := 'wait';
-        reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(free),
+        reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(v.free),
                          p_domain, p_maint);
       ELSIF serving < floor_hosts THEN
         outcome := 'wait';
@@ -202,8 +191,8 @@ BEGIN
         outcome := 'free';
       ELSIF outcome IS NULL THEN
         outcome := 'granted';
-        reason := format('%s took %s (%s hosts)', p_op, p_domain, cardinality(free));
-        lease := free;
+        reason := format('%s took %s (%s hosts)', p_op, p_domain, cardinality(v.free));
+        lease := v.free;
       END IF;
     END IF;
   END IF;
@@ -370,56 +359,108 @@ def text_array(items: Iterable[str]) -> str:
     return "{" + ",".join('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"' for x in items) + "}"
 
 
-def acquire(engine: Engine, fns: Functions, *, op_id: str, train: str, domain: str, kind: str, actor: str,
+class Channel:
+    """The lease calls' own connection: one psycopg2 connection per process and thread, in autocommit
+    mode for good, with the release statement prepared on it once.
+
+    A lease operation is one round trip; checking a connection out of SQLAlchemy's pool and back for it
+    (events, the reset on return, autocommit switched on and off) cost the client about as much CPU as
+    psycopg2's own work for the call. The connection comes from the engine (its URL, its connect
+    arguments), detached from the pool. One idle for over a second is pinged first, as the pool does
+    (`ledger._make_engine`), so a connection the server dropped meanwhile is replaced, not failed on.
+    A process forked after a call gets a connection of its own: it never touches its parent's."""
+
+    def __init__(self, engine: Engine, fns: Functions):
+        self.engine = engine
+        self.fns = fns
+        self._local = threading.local()
+
+    def connection(self) -> Any:  # a psycopg2 connection, in autocommit mode
+        loc = self._local
+        conn = getattr(loc, "conn", None)
+        if conn is not None and loc.pid != os.getpid():
+            _FORKED.append(loc.raw)  # the parent's: never closed here (that would end the parent's session)
+            loc.conn = loc.raw = conn = None
+        if conn is not None and not conn.closed and time.monotonic() - loc.used > PING_IDLE_S:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+            except Exception:
+                self.close()
+                conn = None
+        if conn is None or conn.closed:
+            raw = self.engine.raw_connection()
+            conn = raw.driver_connection
+            assert conn is not None
+            raw.detach()  # ours now (kept with it: a detached one is closed when dropped); the pool opens another
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(self.fns.prepare[1])
+            loc.conn, loc.raw, loc.pid, loc.used = conn, raw, os.getpid(), time.monotonic()
+        return conn
+
+    def done(self) -> None:
+        self._local.used = time.monotonic()
+
+    def connection_broken(self) -> bool:
+        """After an error: True (and the connection dropped) when it is no longer usable."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            self.close()
+            return True
+        return False
+
+    def close(self) -> None:
+        """Close this thread's connection (the next call opens another)."""
+        raw = getattr(self._local, "raw", None)
+        self._local.conn = self._local.raw = None
+        if raw is not None and getattr(self._local, "pid", None) == os.getpid():
+            try:
+                raw.close()
+            except Exception:
+                pass
+
+
+_FORKED: list[Any] = []  # connections inherited across a fork: kept, so that no finaliser closes them
+PING_IDLE_S = 1.0
+
+
+def acquire(chan: Channel, *, op_id: str, train: str, domain: str, kind: str, actor: str,
             priority: int, now: float, cutoff: float, want: Sequence[str], skip: Sequence[str],
             u_pool: Sequence[str], n_u_pool: int, u_known: bool, exact: bool, takeover: Sequence[str],
             budget: Any, probe: bool) -> tuple[str, str] | None:  # budget: ledger.Budget
     """`Ledger.acquire_domain` on the server: (outcome, reason), or None for the Python path."""
-    row = call(engine, fns, fns.acquire, (
+    row = call(chan, chan.fns.acquire, (
         op_id, train, domain, kind, actor, priority, now, cutoff, text_array(want), text_array(skip),
         text_array(u_pool), n_u_pool, u_known, exact, text_array(takeover), budget.total_hosts,
         budget.maintenance_hosts, budget.failure_hosts, budget.max_domains_down, probe))
     return None if row is None else (row[0], row[1])
 
 
-def release(engine: Engine, fns: Functions, *, op_id: str, only: Iterable[str] | None, actor: str, reason: str,
+def release(chan: Channel, *, op_id: str, only: Iterable[str] | None, actor: str, reason: str,
             now: float) -> list[str] | None:
     """`Ledger.release` on the server: the hosts released, or None for the Python path."""
-    row = call(engine, fns, fns.release, (op_id, None if only is None else text_array(sorted(only)), actor, reason, now))
+    row = call(chan, chan.fns.release, (op_id, None if only is None else text_array(sorted(only)), actor, reason, now))
     return None if row is None else list(row[0])
 
 
-def call(engine: Engine, fns: Functions, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Run `sql` (one of `fns`) in autocommit mode, a CALL that commits or a statement that is its own
-    transaction, and return its row; None when the server answered RY001 (run the Python path). Other
-    errors come as SQLAlchemy's, as from the Python path."""
-    raw = engine.raw_connection()
-    dbapi: Any = raw.driver_connection
+def call(chan: Channel, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Run `sql` (one of `chan.fns`) on the channel's connection, a CALL that commits or a statement that
+    is its own transaction, and return its row; None when the server answered RY001 (run the Python
+    path). Other errors come as SQLAlchemy's, as from the Python path; a connection that broke is closed
+    and the next call opens another."""
+    import psycopg2
+
     try:
-        dbapi.autocommit = True
-        cur = dbapi.cursor()
-        try:
-            if sql == fns.release:
-                done = raw.info.setdefault("railyard_prepared", set())  # per connection, reset on reconnect
-                if fns.prepare[0] not in done:
-                    cur.execute(fns.prepare[1])
-                    done.add(fns.prepare[0])
+        conn = chan.connection()
+        with conn.cursor() as cur:
             cur.execute(sql, args)
             row: tuple[Any, ...] = cur.fetchone()
-            return row
-        finally:
-            cur.close()
-    except Exception as exc:
-        if getattr(exc, "pgcode", None) == FALLBACK:
+        chan.done()
+        return row
+    except psycopg2.Error as exc:
+        if exc.pgcode == FALLBACK:
+            chan.done()
             return None
-        import psycopg2
-
-        if not isinstance(exc, psycopg2.Error):
-            raise
-        if dbapi.closed:
-            raw.invalidate(exc)
-        raise DBAPIError.instance(sql, args, exc, psycopg2.Error, connection_invalidated=bool(dbapi.closed)) from exc
-    finally:
-        if not dbapi.closed:
-            dbapi.autocommit = False
-        raw.close()
+        broken = chan.connection_broken()
+        raise DBAPIError.instance(sql, args, exc, psycopg2.Error, connection_invalidated=broken) from exc

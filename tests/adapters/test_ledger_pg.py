@@ -125,7 +125,7 @@ def worker(idx: int, scenarios: list[dict[str, Any]], barrier: Any, out: Any) ->
                 k += 1
                 time.sleep(rnd.uniform(0.002, 0.01))  # between two stops
         out.put({"name": sc["name"], "idx": idx, "intervals": intervals, "waits": waits, "errors": errors})
-        led.engine.dispose()
+        led.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def runs(pg: PostgresServer) -> dict[str, dict[str, Any]]:
     ]
     for sc in scenarios:
         sc["url"] = pg.create_database(f"conc_{sc['name']}")
-        Ledger(sc["url"]).engine.dispose()  # tables made once, before the race
+        Ledger(sc["url"]).dispose()  # tables made once, before the race
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(PROCS), ctx.Queue()
     procs = [ctx.Process(target=worker, args=(i, scenarios, barrier, out)) for i in range(PROCS)]
@@ -176,7 +176,7 @@ def runs(pg: PostgresServer) -> dict[str, dict[str, Any]]:
             "replay": audit_replay(led),
             "left": led.holdings(),
         }
-        led.engine.dispose()
+        led.dispose()
     return res
 
 

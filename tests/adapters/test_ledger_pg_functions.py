@@ -105,9 +105,9 @@ def decided(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     calls: list[tuple[str, Any]] = []
     real = ledger_pg.call
 
-    def spy(engine: Any, fns: ledger_pg.Functions, sql: str, args: tuple[Any, ...]) -> Any:
-        row = real(engine, fns, sql, args)
-        calls.append(("acquire" if sql == fns.acquire else "release", row))
+    def spy(chan: ledger_pg.Channel, sql: str, args: tuple[Any, ...]) -> Any:
+        row = real(chan, sql, args)
+        calls.append(("acquire" if sql == chan.fns.acquire else "release", row))
         return row
 
     monkeypatch.setattr(ledger_pg, "call", spy)
@@ -176,8 +176,8 @@ def test_the_functions_decide_and_write_as_the_python_path(pg, clock, decided, s
             if what == "acquire_domain" and decided[n_calls:] and decided[n_calls][1] is not None:
                 record_family(got_fn.reason)
     finally:
-        py.engine.dispose()
-        fn.engine.dispose()
+        py.dispose()
+        fn.dispose()
 
 
 SEEN: set[str] = set()
@@ -224,7 +224,7 @@ def test_the_functions_are_made_once_by_many_ledgers_starting_at_once(pg):
         assert n == 4  # json, decide, acquire, release: one of each
     finally:
         for led in made:
-            led.engine.dispose()
+            led.dispose()
 
 
 def wal_syncs(cur: Any) -> int:
@@ -259,7 +259,7 @@ def test_an_acquire_returns_once_its_grant_is_on_disk(pg):
                 d = led.acquire_domain(f"op{i}", train="t", domain=f"d{i}", hosts=[f"d{i}h0", f"d{i}h1"], budget=budget)
                 assert d.granted, d
                 assert led.release(f"op{i}") == [f"d{i}h0", f"d{i}h1"]
-            led.engine.dispose()  # its sessions end, and report what they flushed
+            led.dispose()  # its sessions end, and report what they flushed
             time.sleep(0.5)
             both = wal_syncs(cur) - before
     finally:
@@ -291,7 +291,7 @@ def test_lease_operations_read_by_index_on_a_table_with_statistics(pg):
     try:
         with conn.cursor() as cur:
             cur.execute("ANALYZE")
-            led.engine.dispose()  # new sessions: plans made on the statistics
+            led.dispose()  # new sessions: plans made on the statistics
             before = seq_scans(cur)
             for i in range(20):
                 hosts = [f"d{i % 3}h{h}" for h in range(4)]
@@ -299,10 +299,81 @@ def test_lease_operations_read_by_index_on_a_table_with_statistics(pg):
                 assert led.release(f"op{i}", hosts=hosts[:1] if i % 2 else None) == (hosts[:1] if i % 2 else hosts)
                 if i % 2:
                     assert led.release(f"op{i}") == hosts[1:]
-            led.engine.dispose()  # its sessions end, and report what they read
+            led.dispose()  # its sessions end, and report what they read
             time.sleep(0.5)
             after = seq_scans(cur)
     finally:
         conn.close()
     assert set(before) == set(tables), before  # the check can see each table
     assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)
+
+
+def _backend_pids(cur: Any, db: str) -> set[int]:
+    cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (db,))
+    return {r[0] for r in cur.fetchall()}
+
+
+def test_the_lease_calls_own_connection_is_replaced_when_the_server_drops_it(pg, monkeypatch):
+    """Lease calls keep one connection of their own (ledger_pg.Channel). One the server ended while it was
+    idle is pinged first and replaced: the next acquire is granted, on a new session."""
+    name = f"chan_{next(_names)}"
+    led = Ledger(pg.create_database(name))
+    assert led._pg is not None
+    budget = Budget(total_hosts=100, maintenance_hosts=50, failure_hosts=1, max_domains_down=10)
+    conn = psycopg2.connect(host=str(pg.socket_dir), user="postgres", dbname="postgres")
+    conn.autocommit = True
+    try:
+        assert led.acquire_domain("op1", train="t", domain="d1", hosts=["h1", "h2"], budget=budget).granted
+        first = led._pg.connection().get_backend_pid()
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (first,))
+            assert cur.fetchone()[0] is True
+        monkeypatch.setattr(ledger_pg, "PING_IDLE_S", 0.0)  # idle long enough to be pinged
+        time.sleep(0.2)
+        assert led.release("op1") == ["h1", "h2"]
+        assert led.acquire_domain("op2", train="t", domain="d2", hosts=["h3"], budget=budget).granted
+        second = led._pg.connection().get_backend_pid()
+        assert second != first
+        with conn.cursor() as cur:
+            assert first not in _backend_pids(cur, name)
+    finally:
+        led.dispose()
+        conn.close()
+
+
+def test_a_forked_child_never_uses_its_parents_lease_connection(pg):
+    """A process forked after a lease call (as Airflow's workers fork task processes) opens its own
+    connection for its calls, and leaves the parent's session alone: the parent's next calls still work
+    on the same session."""
+    import os
+
+    name = f"fork_{next(_names)}"
+    led = Ledger(pg.create_database(name))
+    assert led._pg is not None
+    budget = Budget(total_hosts=100, maintenance_hosts=50, failure_hosts=1, max_domains_down=10)
+    try:
+        assert led.acquire_domain("parent-1", train="t", domain="d1", hosts=["h1"], budget=budget).granted
+        parent_pid = led._pg.connection().get_backend_pid()
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: one acquire and release of its own, then report its session
+            code = 1
+            try:
+                os.close(r)
+                ok = led.acquire_domain("child-1", train="t", domain="d2", hosts=["h2"], budget=budget).granted
+                ok = ok and led.release("child-1") == ["h2"]
+                os.write(w, f"{int(ok)} {led._pg.connection().get_backend_pid()}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r) as f:
+            ok, child_pid = f.read().split()
+        _, status = os.waitpid(child, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert ok == "1"
+        assert int(child_pid) != parent_pid
+        assert led.release("parent-1") == ["h1"]  # the parent's session survived the child's exit
+        assert led._pg.connection().get_backend_pid() == parent_pid
+    finally:
+        led.dispose()

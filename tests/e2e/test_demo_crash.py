@@ -76,7 +76,7 @@ def test_a_demo_killed_mid_stop_is_finished_by_the_next_demo(tmp_path):
     crashed = {op for op in led.holdings().values() if not op.startswith("repair/")}
     assert len(crashed) == 1 and next(iter(crashed)).endswith("/pod-b"), crashed
     (old_op,) = crashed
-    led.engine.dispose()
+    led.dispose()
 
     second = subprocess.run([str(BIN / "railyard"), "demo", "--once"], capture_output=True, text=True, env=env,
                             timeout=900, start_new_session=True)

@@ -51,7 +51,7 @@ def ledger(url: str) -> Iterator[Callable[[], Ledger]]:
 
     yield make
     for led in made:
-        led.engine.dispose()
+        led.dispose()
 
 
 def take(ledger: Ledger, op: str, dom: str, budget: Budget = BUDGET, unavailable=(), **kw):
@@ -307,7 +307,7 @@ def test_indexes_are_added_to_a_ledger_made_before_them(ledger):
         for names in wanted.values():
             for name in names - {"ix_leases_op_id"}:
                 c.execute(text(f"DROP INDEX {name}"))
-    led.engine.dispose()
+    led.dispose()
     again = ledger()
     insp = inspect(again.engine)
     for table, names in wanted.items():
@@ -411,7 +411,7 @@ def test_acquire_reads_no_lease_row_of_other_hosts(url):
     assert not whole, whole
     if led.engine.dialect.name == "postgresql":  # PostgreSQL reports the rows a SELECT returned
         assert sum(n for s, n in seen if s.startswith("SELECT")) < 40, seen
-    led.engine.dispose()
+    led.dispose()
 
 
 def test_a_connection_the_server_dropped_is_replaced(pg_server):
@@ -433,7 +433,7 @@ def test_a_connection_the_server_dropped_is_replaced(pg_server):
         assert led.release("op1") == DOMAINS["d0"]
         assert take(led, "op2", "d1").granted
     finally:
-        led.engine.dispose()
+        led.dispose()
 
 
 def test_a_probe_decides_but_leases_nothing(ledger):

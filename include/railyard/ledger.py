@@ -185,8 +185,10 @@ release_results = Table(
     Column("at", Float, nullable=False),  # fleet clock
 )
 
-# One row, bumped first in every lease-changing transaction: serialises writers on SQLite and
-# PostgreSQL alike, so the capacity check and the lease insert see the same world.
+# One row, taken first in every lease-changing transaction: serialises writers, so the capacity check and
+# the lease insert see the same world. SQLite bumps it (a write takes its database lock); PostgreSQL locks
+# it FOR UPDATE (a row lock: no new row version to write and log, and it still waits for, and is waited
+# for by, a writer that bumps it, as an older Railyard on the same database does).
 ledger_lock = Table("ledger_lock", metadata, Column("id", Integer, primary_key=True), Column("n", Integer))
 
 
@@ -843,6 +845,8 @@ def _run(c: Connection, keys: Sequence[_Key], params: dict[str, Any]) -> Any:
     query. Each statement of such a query takes its own snapshot, so a read after a lock sees what
     was committed before the lock was granted, as with separate round trips. Fewer round trips
     matter most while the ledger lock is held: every other writer waits for them."""
+    if c.dialect.name == "postgresql":  # the ledger lock as a row lock: no new row version, less log
+        keys = ["lock_row" if k == "lock" else k for k in keys]
     if c.dialect.name == "postgresql" and c.dialect.driver == "psycopg2":
         texts = [_prepared(c, k) for k in keys]
         return c.exec_driver_sql("; ".join(t for t, _ in texts), {k: v for _, d in texts for k, v in d.items()} | params)
@@ -912,6 +916,8 @@ def _q(name: str) -> Any:
     p = bindparam
     if name == "lock":
         return update(ledger_lock).where(ledger_lock.c.id == 1).values(n=ledger_lock.c.n + 1)
+    if name == "lock_row":
+        return select(ledger_lock.c.id).where(ledger_lock.c.id == 1).with_for_update()
     if name == "ops_lock":  # in one order, so two lockers cannot each hold what the other waits for
         return (select(operations.c.id).where(operations.c.id == func.any(p("l_ops", type_=ARRAY(String))))
                 .order_by(operations.c.id).with_for_update())

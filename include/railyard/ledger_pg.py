@@ -117,7 +117,7 @@ BEGIN
   IF array_to_string(p_want, '') !~ {plain} THEN
     RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
   END IF;
-  UPDATE ledger_lock SET n = n + 1 WHERE id = 1;
+  PERFORM 1 FROM ledger_lock WHERE id = 1 FOR UPDATE;  -- the ledger lock (ledger._lock)
   IF cardinality(p_takeover) = 0 THEN  -- one row: by its key (a plan for any number of rows may scan them all)
     PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
   ELSE

@@ -377,3 +377,34 @@ def test_a_forked_child_never_uses_its_parents_lease_connection(pg):
         assert led._pg.connection().get_backend_pid() == parent_pid
     finally:
         led.dispose()
+
+
+def test_an_acquire_waits_for_a_writer_that_bumps_the_ledger_lock(pg):
+    """The functions take the ledger lock as a row lock (FOR UPDATE); an older Railyard on the same
+    database bumps the row instead (UPDATE). Each must wait for the other: an acquire started while
+    such a writer holds the lock returns only after that writer commits, and then sees its lease."""
+    name = f"lock_{next(_names)}"
+    led = Ledger(pg.create_database(name))
+    assert led._pg is not None
+    budget = Budget(total_hosts=100, maintenance_hosts=50, failure_hosts=1, max_domains_down=1)
+    other = psycopg2.connect(host=str(pg.socket_dir), user="postgres", dbname=name)
+    got: list[Any] = []
+    try:
+        with other.cursor() as cur:  # the older writer: bump the lock, lease d1, commit later
+            cur.execute("UPDATE ledger_lock SET n = n + 1 WHERE id = 1")
+            cur.execute("INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail) "
+                        "VALUES ('old-op', 'train_stop', 't', 'd1', 'active', 0, 0, '{}')")
+            cur.execute("INSERT INTO leases (host, op_id, domain, since, kind) VALUES ('h1', 'old-op', 'd1', 0, "
+                        "'train_stop')")
+        t = threading.Thread(target=lambda: got.append(
+            led.acquire_domain("new-op", train="t", domain="d2", hosts=["h2"], budget=budget)))
+        t.start()
+        t.join(timeout=1.5)
+        assert t.is_alive() and not got  # waiting for the lock
+        other.commit()
+        t.join(timeout=30)
+        assert got and got[0].outcome == "wait", got  # it saw d1 out: max_domains_down=1
+        assert got[0].reason == "max_domains_down=1 reached: d1 out", got[0]
+    finally:
+        other.close()
+        led.dispose()

@@ -251,7 +251,7 @@ class Ledger:
             self._pg = None if fns is None else ledger_pg.Channel(self.engine, fns)
 
     def dispose(self) -> None:
-        """Close every connection this process holds to the ledger (the lease calls' own among them)."""
+        """Close the engine's pooled connections and this thread's lease connection (other threads' close with them)."""
         if self._pg is not None:
             self._pg.close()
         self.engine.dispose()

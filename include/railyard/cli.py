@@ -426,6 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         backend = load_config(getattr(args, "config", None)).fleet.backend  # it loaded before the fleet was read
         print(unreadable_fleet("lease release" if args.cmd == "lease" else args.cmd, backend, exc), file=sys.stderr)
         return 4
+    except _ledger_error() as exc:  # a ledger URL Railyard does not take, or a database it cannot open: exit 6
+        print(exc, file=sys.stderr)
+        return 6
+
+
+def _ledger_error() -> type[Exception]:
+    """railyard.ledger.LedgerError, imported (with SQLAlchemy) only once an exception is being matched."""
+    from railyard.ledger import LedgerError
+
+    return LedgerError
 
 
 if __name__ == "__main__":

@@ -289,7 +289,21 @@ class FleetSpec(Strict):
 
 
 class LedgerSpec(Strict):
-    url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite file in RAILYARD_HOME")
+    url: str | None = Field(default=None, description="SQLAlchemy URL: postgresql+psycopg2://... (postgresql:// "
+                            "means the same) or sqlite:///PATH; default a SQLite file in RAILYARD_HOME; else "
+                            "RAILYARD_LEDGER_URL")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None:  # (railyard.ledger imports SQLAlchemy: only for a config that sets a URL)
+            from railyard.ledger import LedgerError, check_url
+
+            try:
+                check_url(v, "ledger.url", files=False)  # its folder: where it is opened
+            except LedgerError as exc:
+                raise ValueError(exc.detail) from None
+        return v
 
 
 class JobsSpec(Strict):
@@ -599,9 +613,15 @@ def parse_config(data: Any, source: str = "<config>") -> RailyardConfig:
                 problems.extend(msg.splitlines())
             elif err["type"] == "missing":
                 problems.append(f"{loc}: required field is missing")
+            elif loc in _SECRET_FIELDS:  # the message shows what it can without the secret
+                problems.append(f"{loc}: {msg}")
             else:
                 problems.append(f"{loc}: {msg} (value: {err['input']!r})")
         raise ConfigError(source, problems) from None
+
+
+# Fields whose value may hold a password or a token: never shown in an error.
+_SECRET_FIELDS = frozenset({"escalation.webhook_url", "ledger.url"})
 
 
 # libyaml's safe loader: the same documents and types as yaml.safe_load, ten times faster on a fleet's

@@ -55,8 +55,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
 from railyard import ledger_pg
 
@@ -219,8 +219,72 @@ def default_url() -> str:
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The ledger in force: the config's URL, else RAILYARD_LEDGER_URL, else a SQLite file."""
-    return url or os.environ.get("RAILYARD_LEDGER_URL") or default_url()
+    """The ledger in force: the config's URL, else RAILYARD_LEDGER_URL, else a SQLite file; checked
+    (`check_url`) before anything connects."""
+    if url:
+        return check_url(url, "ledger.url")
+    env = os.environ.get("RAILYARD_LEDGER_URL")
+    if env:
+        return check_url(env, "RAILYARD_LEDGER_URL")
+    return default_url()
+
+
+class LedgerError(RuntimeError):
+    """The ledger's database cannot be used: a URL Railyard does not take, or a server it cannot reach.
+    Says where the URL came from (`source`) and shows it without its password."""
+
+    def __init__(self, source: str, detail: str):
+        self.source, self.detail = source, detail
+        super().__init__(f"{source}: {detail}")
+
+
+_EXAMPLES = "postgresql+psycopg2://USER:PASSWORD@HOST/DB or sqlite:////PATH/ledger.db"
+
+
+def safe_url(url: str) -> str:
+    """`url` as it may be shown: its password as ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL: hide whatever stands before an "@"
+        return re.sub(r"://[^@]*@", "://***@", url)
+
+
+def check_url(url: str, source: str, *, files: bool = True) -> str:
+    """The URL to open, or LedgerError: SQLite (a file in a folder that exists, or memory), or PostgreSQL
+    with psycopg2, the driver the lease functions (railyard.ledger_pg) and the tests run on.
+    `postgresql://` (or `postgres://`) means `postgresql+psycopg2://` (SQLAlchemy 2.1 would pick psycopg 3,
+    a path nobody tested); another driver or database is refused rather than run untested. `files=False`: SQLite's
+    folder is not looked for (a config checked on another machine than the one that opens it)."""
+    try:
+        u = make_url(url)
+    except Exception:
+        raise LedgerError(source, f"not a database URL: {safe_url(url)!r} (e.g. {_EXAMPLES})") from None
+    if "@" in (u.host or ""):  # "user:p@ss@host": the host would be read from the password
+        raise LedgerError(source, f"{re.sub(r'://.*@', '://***@', url)}: more than one '@' before the host: "
+                          "write an '@' in the user or password as %40")
+    backend, _, driver = u.drivername.partition("+")
+    shown = safe_url(url)
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise LedgerError(source, f"{shown}: SQLite driver {driver!r} is not supported: use sqlite:///PATH")
+        if files and u.database and u.database != ":memory:" and not u.database.startswith("file:"):
+            folder = Path(u.database).expanduser().parent
+            if not folder.is_dir():
+                raise LedgerError(source, f"{shown}: folder {str(folder)!r} does not exist")
+        return url
+    if backend in ("postgresql", "postgres"):  # "postgres": Heroku's spelling, which SQLAlchemy no longer takes
+        if driver not in ("", "psycopg2"):
+            raise LedgerError(source, f"{shown}: driver {driver!r} is not supported: use postgresql+psycopg2://")
+        if u.drivername == "postgresql+psycopg2":
+            return url
+        return "postgresql+psycopg2://" + url.split("://", 1)[1]  # the rest as written
+    raise LedgerError(source, f"{shown}: database {backend!r} is not supported: use {_EXAMPLES}")
+
+
+def connect_error(url: str, exc: OperationalError) -> LedgerError:
+    """A server that could not be reached, or a SQLite file that could not be opened, in one line."""
+    first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+    return LedgerError("ledger", f"cannot open {safe_url(url)}: {first}")
 
 
 class Ledger:
@@ -234,6 +298,10 @@ class Ledger:
                 metadata.create_all(self.engine, checkfirst=True)
                 _create_missing_indexes(self.engine)
                 break
+            except OperationalError as exc:
+                if not _already_exists(exc) or attempt == 9:
+                    raise connect_error(self.url, exc) from None
+                time.sleep(0.1)
             except DBAPIError as exc:
                 if not _already_exists(exc) or attempt == 9:
                     raise

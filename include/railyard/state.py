@@ -31,9 +31,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from railyard.ledger import _make_engine, resolve_url
+from railyard.ledger import _make_engine, connect_error, resolve_url
 
 metadata = MetaData()
 
@@ -165,6 +165,8 @@ def _engine(url: str) -> Engine:
             break
         except DBAPIError as exc:
             if "already exists" not in str(exc) or attempt == 9:
+                if isinstance(exc, OperationalError):
+                    raise connect_error(url, exc) from None
                 raise
             time.sleep(0.1)
     with eng.begin() as c:

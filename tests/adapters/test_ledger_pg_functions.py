@@ -227,6 +227,23 @@ def test_the_functions_are_made_once_by_many_ledgers_starting_at_once(pg):
             led.dispose()
 
 
+def test_a_postgresql_url_without_a_driver_gets_the_functions(pg, monkeypatch):
+    """`postgresql://` (SQLAlchemy 2.1's default driver there is psycopg 3) and `postgres://` open the ledger
+    on psycopg2, with its lease functions: the tested path, not an untested one."""
+    url = pg.create_database(f"plain_{next(_names)}")
+    assert url.startswith("postgresql+psycopg2://")
+    for plain in ("postgresql://" + url.split("://", 1)[1], "postgres://" + url.split("://", 1)[1]):
+        monkeypatch.setenv("RAILYARD_LEDGER_URL", plain)
+        led = Ledger()
+        try:
+            assert led.engine.dialect.driver == "psycopg2" and led._pg is not None
+            budget = Budget(total_hosts=18, maintenance_hosts=6, failure_hosts=1, max_domains_down=1)
+            assert led.acquire_domain("op", train="t", domain="pod-A", hosts=DOMAINS["pod-A"], budget=budget).granted
+            assert led.release("op") == sorted(DOMAINS["pod-A"])
+        finally:
+            led.dispose()
+
+
 def wal_syncs(cur: Any) -> int:
     """The server's count of WAL flushes to disk, with this session's own counts reported first."""
     cur.execute("SELECT pg_stat_force_next_flush()")

@@ -50,42 +50,41 @@ _PARAMS = """p_op text, p_train text, p_domain text, p_kind text, p_actor text, 
   p_fail bigint, p_max_down bigint, p_probe boolean"""
 _ARGS = """p_op, p_train, p_domain, p_kind, p_actor, p_prio, p_now, p_cutoff, p_want, p_skip, p_u_pool,
   p_n_u_pool, p_u_known, p_exact, p_takeover, p_total, p_maint, p_fail, p_max_down, p_probe"""
-# psycopg2 placeholders of _PARAMS, typed (arrays come as array literals: see `text_array`)
-_PLACEHOLDERS = ", ".join(["%s"] * 5 + ["%s::integer", "%s::float8", "%s::float8"] + ["%s::text[]"] * 3
-                          + ["%s::bigint", "%s::boolean", "%s::boolean", "%s::text[]"] + ["%s::bigint"] * 4
-                          + ["%s::boolean"])
-
 # Host names whose JSON is the name in quotes (printable ASCII, no '"' nor '\'), as a PostgreSQL regex.
 _PLAIN = r"""'^[ !#-[\]-~]*$'"""
 
 # What acquire_domain decides on (ledger._View): the leases of the hosts asked for, domains out and
-# leases per kind (from the partial indexes), the waiter ahead, whether the operation waits and is
-# recorded. One statement, so one snapshot, as in Python. Written out where it is used, so that
-# PL/pgSQL keeps its plan (a SQL function would be planned again at every call).
+# leases per kind (from the partial indexes), the waiter ahead (first by `since`: from its index, no
+# sort), whether the operation waits. One statement, so one snapshot, as in Python. Written out where it
+# is used, so that PL/pgSQL keeps its plan (a SQL function would be planned again at every call).
+# Whether the operation is recorded comes from its row lock, taken before (that row cannot appear meanwhile:
+# operations are made under the ledger lock), and what a grant leases is derived from the hosts read here.
 _VIEW = """
   -- and what Python derives from it, derived here: hosts already ours (n_mine), hosts held by others not
-  -- for repair (n_blocking), and what a grant would lease (free: in the order of p_want, which is sorted)
+  -- for repair (n_blocking); domains out without a DISTINCT aggregate (its sort), from the index's order
   SELECT w.hosts, w.ops, w.kinds, w.n_mine, w.n_blocking, m.doms, m.n_maint, r.n_repair,
     a.op_id AS ahead_op, a.since AS ahead_since,
-    ARRAY(SELECT u FROM unnest(p_want) WITH ORDINALITY AS x(u, o) WHERE u <> ALL(w.hosts) AND u <> ALL(p_skip)
-          ORDER BY o) AS free,
     EXISTS (SELECT 1 FROM waiters WHERE op_id = p_op) AS waiting,
-    EXISTS (SELECT 1 FROM operations WHERE id = p_op) AS op_exists,
-    (SELECT count(*) FROM unnest(p_u_pool) u
-     WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.host = u)) AS n_broken_known
+    {broken} AS n_broken_known
   INTO v
   FROM (SELECT coalesce(array_agg(host), '{}') AS hosts, array_agg(op_id) AS ops, array_agg(kind) AS kinds,
                count(*) FILTER (WHERE op_id = p_op) AS n_mine,
                count(*) FILTER (WHERE op_id <> p_op AND kind <> 'repair') AS n_blocking
         FROM leases WHERE host = ANY(p_want)) w,
-       (SELECT coalesce(array_agg(DISTINCT domain), '{}') AS doms, count(*) AS n_maint
-        FROM leases WHERE kind <> 'repair') m,
+       (SELECT coalesce(array_agg(domain), '{}') AS doms, coalesce(sum(n), 0) AS n_maint
+        FROM (SELECT domain, count(*)::integer AS n FROM leases WHERE kind <> 'repair' GROUP BY domain) g) m,
        (SELECT count(*) AS n_repair FROM leases WHERE kind = 'repair') r
   LEFT JOIN LATERAL (SELECT op_id, since FROM waiters
                      WHERE priority > p_prio AND seen_at > p_cutoff AND op_id <> p_op
                      ORDER BY since LIMIT 1) a ON true"""
 
-# {json}, {decide}, {acquire}, {release}: the versioned names (see `_names`); {view}: _VIEW.
+# The unavailable hosts of the pool that no lease accounts for (as broken): read only when the caller
+# named some, in the view's statement all the same (one snapshot). Otherwise the view is planned without
+# it: every node of a plan costs at every execution, whether it runs or not.
+_BROKEN = "(SELECT count(*) FROM unnest(p_u_pool) u WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.host = u))"
+_VIEWS = "IF cardinality(p_u_pool) = 0 THEN {none}; ELSE {some}; END IF"
+
+# {json}, {decide}, {acquire}, {release}: the versioned names (see `_names`); {view}: _VIEW, in _VIEWS.
 # Sorted as Python sorts: code points, COLLATE "C".
 _SQL = r"""
 -- json.dumps of a list of host names that match {plain}. Inlined where it is used.
@@ -93,13 +92,9 @@ CREATE OR REPLACE FUNCTION {json}(a text[]) RETURNS text LANGUAGE sql STABLE AS 
   SELECT CASE WHEN cardinality(a) = 0 THEN '[]' ELSE '["' || array_to_string(a, '", "') || '"]' END
 $f$;
 
--- Ledger.acquire_domain, step for step (ledger.py), in the caller's transaction.
--- Plans made once per connection, whatever the arguments: planning costs more than running them. Plain
--- index scans only: a plan for any array of hosts, or for leases of a table not yet analysed, would
--- otherwise read every lease (a bitmap scan would not mark the index entries of released leases dead,
--- and would step over more of them at every call); jit off, as those plans look costly to the planner.
+-- Ledger.acquire_domain, step for step (ledger.py), in the caller's transaction. Its plans, and the
+-- release's, are made under the settings the lease connection keeps for its session (`_SESSION`).
 CREATE OR REPLACE FUNCTION {decide}({params}, OUT outcome text, OUT reason text) LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
 AS $f$
 DECLARE
   v record;
@@ -113,6 +108,8 @@ DECLARE
   floor_hosts bigint;
   serving bigint;
   lease text[];  -- what a grant leases (NULL: nothing, and no audit row)
+  op_exists boolean;
+  free text[];  -- the hosts asked for that a grant would lease: in the order of p_want (sorted)
 BEGIN
   IF array_to_string(p_want, '') !~ {plain} THEN
     RAISE EXCEPTION 'railyard: a host name the audit would spell differently' USING ERRCODE = 'RY001';
@@ -120,8 +117,10 @@ BEGIN
   PERFORM 1 FROM ledger_lock WHERE id = 1 FOR UPDATE;  -- the ledger lock (ledger._lock)
   IF cardinality(p_takeover) = 0 THEN  -- one row: by its key (a plan for any number of rows may scan them all)
     PERFORM 1 FROM operations WHERE id = p_op FOR UPDATE;
+    op_exists := FOUND;
   ELSE
     PERFORM 1 FROM operations WHERE id = ANY(array_append(p_takeover, p_op)) ORDER BY id FOR UPDATE;
+    op_exists := EXISTS (SELECT 1 FROM operations WHERE id = p_op);
   END IF;
   {view};
   IF v.n_mine = n_want THEN
@@ -155,6 +154,12 @@ BEGIN
       END IF;
     END IF;
     n_out := cardinality(v.doms) + CASE WHEN p_domain = ANY(v.doms) THEN 0 ELSE 1 END;
+    IF cardinality(v.hosts) = 0 AND cardinality(p_skip) = 0 THEN
+      free := p_want;  -- none held, none skipped: the usual case, without a query
+    ELSE
+      free := ARRAY(SELECT u FROM unnest(p_want) WITH ORDINALITY AS x(u, o) WHERE u <> ALL(v.hosts) AND u <> ALL(p_skip)
+                    ORDER BY o);
+    END IF;
     IF outcome IS NOT NULL THEN
       NULL;  -- a takeover: probed, or nothing left to lease
     ELSIF v.n_blocking > 0 THEN
@@ -170,13 +175,13 @@ BEGIN
       -- ledger._judge
       n_broken := CASE WHEN p_u_known THEN v.n_broken_known ELSE p_n_u_pool END + v.n_repair;
       floor_hosts := p_total - p_maint - p_fail;
-      serving := p_total - v.n_maint - n_broken - cardinality(v.free);
+      serving := p_total - v.n_maint - n_broken - cardinality(free);
       IF n_broken > p_fail THEN
         outcome := 'stop';
         reason := format('failure buffer exhausted: %s hosts broken or in repair > budget %s', n_broken, p_fail);
-      ELSIF v.n_maint + cardinality(v.free) > p_maint THEN
+      ELSIF v.n_maint + cardinality(free) > p_maint THEN
         outcome := 'wait';
-        reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(v.free),
+        reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(free),
                          p_domain, p_maint);
       ELSIF serving < floor_hosts THEN
         outcome := 'wait';
@@ -191,8 +196,8 @@ BEGIN
         outcome := 'free';
       ELSIF outcome IS NULL THEN
         outcome := 'granted';
-        reason := format('%s took %s (%s hosts)', p_op, p_domain, cardinality(v.free));
-        lease := v.free;
+        reason := format('%s took %s (%s hosts)', p_op, p_domain, cardinality(free));
+        lease := free;
       END IF;
     END IF;
   END IF;
@@ -202,7 +207,7 @@ BEGIN
     IF v.waiting THEN
       DELETE FROM waiters WHERE op_id = p_op;
     END IF;
-    IF NOT v.op_exists AND lease IS NOT NULL THEN  -- the usual grant, as one statement
+    IF NOT op_exists AND lease IS NOT NULL THEN  -- the usual grant, as one statement
       WITH o AS (INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail)
                  VALUES (p_op, p_kind, p_train, p_domain, 'active', p_now, p_now, '{}')),
            l AS (INSERT INTO leases (host, op_id, domain, since, kind)
@@ -211,7 +216,7 @@ BEGIN
       VALUES (p_now, p_actor, p_op, 'lease', {json}(lease), format('took %s for %s', p_domain, p_train));
       RETURN;
     END IF;
-    IF v.op_exists THEN
+    IF op_exists THEN
       UPDATE operations SET state = 'active', updated_at = p_now WHERE id = p_op;
     ELSE
       INSERT INTO operations (id, kind, train, domain, state, created_at, updated_at, detail)
@@ -239,8 +244,12 @@ END $f$;
 -- An acquire as its own transactions (see the module's docstring): CALLed outside a transaction block.
 CREATE OR REPLACE PROCEDURE {acquire}({params}, INOUT r_outcome text DEFAULT NULL, INOUT r_reason text DEFAULT NULL)
 LANGUAGE plpgsql AS $f$
+DECLARE
+  d record;
 BEGIN
-  SELECT d.outcome, d.reason INTO r_outcome, r_reason FROM {decide}({args}) d;
+  d := {decide}({args});  -- a simple expression: no executor for it
+  r_outcome := d.outcome;
+  r_reason := d.reason;
   PERFORM set_config('synchronous_commit', 'off', true);
   COMMIT;  -- visible, and the ledger lock released, without waiting for the disk
   -- A transaction that writes to the log (an xid alone would not) commits synchronously: it flushes the
@@ -251,8 +260,7 @@ END $f$;
 -- Ledger.release on PostgreSQL: the lock on the operation's row, not the ledger lock. Returns the
 -- hosts released.
 CREATE OR REPLACE FUNCTION {release}(p_op text, p_only text[], p_actor text, p_reason text, p_now double precision)
-RETURNS text[] LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off AS $f$
+RETURNS text[] LANGUAGE plpgsql AS $f$
 DECLARE
   held text[];
   dropped text[];
@@ -296,21 +304,22 @@ END $f$;
 class Functions:
     """How to call the installed functions: psycopg2 statement texts, and what to PREPARE first."""
 
-    acquire: str  # CALL: not preparable, and short to parse
-    decide: str  # the decision alone, in the caller's transaction (tests)
+    acquire: str  # CALL: not preparable; its literals typed by the procedure's parameters (its name is its own)
     release: str  # EXECUTE of `prepare`
     prepare: tuple[str, str]  # (name, PREPARE statement) for `release`
 
 
 def _names() -> dict[str, str]:
-    tag = hashlib.sha1((_PARAMS + _VIEW + _SQL).encode()).hexdigest()[:10]
+    tag = hashlib.sha1((_PARAMS + _VIEW + _BROKEN + _VIEWS + _SQL).encode()).hexdigest()[:10]
     return {k: f"railyard_{k}_{tag}" for k in ("json", "decide", "acquire", "release")}
 
 
 def _render() -> tuple[dict[str, str], str]:
     names = _names()
+    view = _VIEW.strip()
+    views = _VIEWS.format(none=view.replace("{broken}", "0::bigint"), some=view.replace("{broken}", _BROKEN))
     sql = _SQL
-    for k, v in (names | {"params": _PARAMS, "args": _ARGS, "view": _VIEW.strip(), "plain": _PLAIN}).items():
+    for k, v in (names | {"params": _PARAMS, "args": _ARGS, "view": views, "plain": _PLAIN}).items():
         sql = sql.replace("{" + k + "}", v)
     return names, sql
 
@@ -319,8 +328,7 @@ def functions() -> Functions:
     n = _names()
     stmt = f"{n['release']}_stmt"
     return Functions(
-        acquire=f"CALL {n['acquire']}({_PLACEHOLDERS}, NULL, NULL)",
-        decide=f"SELECT outcome, reason FROM {n['decide']}({_PLACEHOLDERS})",
+        acquire=f"CALL {n['acquire']}({', '.join(['%s'] * len(_PARAMS.split(',')))}, NULL, NULL)",
         release=f"EXECUTE {stmt}(%s, %s::text[], %s, %s, %s::float8)",
         prepare=(stmt, f"PREPARE {stmt}(text, text[], text, text, float8) AS SELECT {n['release']}($1, $2, $3, $4, $5)"),
     )
@@ -356,12 +364,16 @@ def install(engine: Engine) -> Functions | None:
 def text_array(items: Iterable[str]) -> str:
     """A PostgreSQL array literal of `items`: one string for the driver to quote, and one constant for
     the server to parse, rather than an ARRAY[...] of quoted strings."""
+    items = list(items)
+    joined = '","'.join(items)
+    if '"' not in joined and "\\" not in joined:  # the usual names: nothing to escape
+        return '{"' + joined + '"}' if items else "{}"
     return "{" + ",".join('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"' for x in items) + "}"
 
 
 class Channel:
     """The lease calls' own connection: one psycopg2 connection per process and thread, in autocommit
-    mode for good, with the release statement prepared on it once.
+    mode for good, with its session's settings (`_SESSION`) and the release statement prepared on it once.
 
     A lease operation is one round trip; checking a connection out of SQLAlchemy's pool and back for it
     (events, the reset on return, autocommit switched on and off) cost the client about as much CPU as
@@ -395,9 +407,18 @@ class Channel:
             raw.detach()  # ours now (kept with it: a detached one is closed when dropped); the pool opens another
             conn.autocommit = True
             with conn.cursor() as cur:
+                cur.execute(_SESSION)
                 cur.execute(self.fns.prepare[1])
             loc.conn, loc.raw, loc.pid, loc.used = conn, raw, os.getpid(), time.monotonic()
         return conn
+
+    def cursor(self) -> Any:
+        """The connection's cursor, kept with it (one statement at a time per thread)."""
+        conn = self.connection()
+        loc = self._local
+        if getattr(loc, "cur_of", None) is not conn:
+            loc.cur, loc.cur_of = conn.cursor(), conn
+        return loc.cur
 
     def done(self) -> None:
         self._local.used = time.monotonic()
@@ -421,6 +442,15 @@ class Channel:
                 pass
 
 
+# The lease connection's session, under which the functions' plans are made (once per connection, whatever
+# the arguments: planning costs more than running them). Plain index scans only: a plan for any array of
+# hosts, or for leases of a table not yet analysed, would otherwise read every lease (a bitmap scan would
+# not mark the index entries of released leases dead, and would step over more of them at every call);
+# jit off, as those plans look costly to the planner. For the session rather than in each function's SET
+# clauses, which cost the call a save and a restore of each setting, every time. Elsewhere (a psql prompt)
+# the functions decide the same, on plans of their own.
+_SESSION = ("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off; "
+            "SET jit = off")
 _FORKED: list[Any] = []  # connections inherited across a fork: kept, so that no finaliser closes them
 PING_IDLE_S = 1.0
 
@@ -452,10 +482,9 @@ def call(chan: Channel, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | No
     import psycopg2
 
     try:
-        conn = chan.connection()
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            row: tuple[Any, ...] = cur.fetchone()
+        cur = chan.cursor()
+        cur.execute(sql, args)
+        row: tuple[Any, ...] = cur.fetchone()
         chan.done()
         return row
     except psycopg2.Error as exc:

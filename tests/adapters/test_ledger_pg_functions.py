@@ -244,6 +244,21 @@ def test_a_postgresql_url_without_a_driver_gets_the_functions(pg, monkeypatch):
             led.dispose()
 
 
+@pytest.mark.parametrize("items", [[], ["gpu-a01", "gpu-a02"], [""], ['a"b', "c\\d", "e,f", "{g}", "h i", "NULL"],
+                                   ["plain", 'then a "quote"']])
+def test_host_lists_reach_the_server_as_they_are(pg, items):
+    """`text_array` (its fast path for names with nothing to escape, and the other) is the array the server reads."""
+    conn = psycopg2.connect(host=str(pg.socket_dir), user="postgres", dbname="postgres")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT %s::text[]", (ledger_pg.text_array(items),))
+            assert cur.fetchone()[0] == items
+            cur.execute("SELECT %s::text[]", (ledger_pg.text_array(iter(items)),))  # any iterable, once
+            assert cur.fetchone()[0] == items
+    finally:
+        conn.close()
+
+
 def wal_syncs(cur: Any) -> int:
     """The server's count of WAL flushes to disk, with this session's own counts reported first."""
     cur.execute("SELECT pg_stat_force_next_flush()")

@@ -365,9 +365,11 @@ def text_array(items: Iterable[str]) -> str:
     """A PostgreSQL array literal of `items`: one string for the driver to quote, and one constant for
     the server to parse, rather than an ARRAY[...] of quoted strings."""
     items = list(items)
-    joined = '","'.join(items)
-    if '"' not in joined and "\\" not in joined:  # the usual names: nothing to escape
-        return '{"' + joined + '"}' if items else "{}"
+    if not items:
+        return "{}"
+    text = "".join(items)
+    if '"' not in text and "\\" not in text:  # the usual names: nothing to escape
+        return '{"' + '","'.join(items) + '"}'
     return "{" + ",".join('"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"' for x in items) + "}"
 
 

@@ -124,6 +124,29 @@ def test_a_leased_domain_shows_out_with_its_operation_and_run(world, auth) -> No
     assert body["freeze"]["on"] is False and body["user"] == "viewer-1"
 
 
+class NoLedger(FixedSources):
+    """Sources whose ledger URL points at a server that is not there."""
+
+    def __init__(self, config, fleet, url: str) -> None:  # noqa: ANN001
+        self.config, self.fleet, self._url = config, fleet, url
+
+    @property
+    def ledger(self):  # noqa: ANN201
+        from railyard_airflow.context import ledger
+
+        return ledger(self._url)
+
+
+def test_a_ledger_that_cannot_be_opened_is_a_503_that_says_why(world, auth) -> None:
+    cfg, fleet, _ledger, _client = world
+    src = NoLedger(cfg, fleet, "postgresql://ry:pw-0b9c2e7d41@127.0.0.1:1/railyard")
+    client = TestClient(ui_app.create_app(src))
+    r = client.get("/api/overview", headers=as_(auth, "viewer"))
+    assert r.status_code == 503, r.text
+    assert r.json()["detail"].startswith("ledger: cannot open postgresql+psycopg2://ry:***@127.0.0.1:1/railyard: ")
+    assert "pw-0b9c2e7d41" not in r.text
+
+
 def test_a_viewer_reads_but_every_control_is_refused_and_audited(world, auth) -> None:
     _cfg, _fleet, ledger, client = world
     assert client.get("/api/me", headers=as_(auth, "viewer")).json() == {"user": "viewer-1", "may_act": False}

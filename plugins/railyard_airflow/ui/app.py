@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from railyard_airflow.ui import views
@@ -107,6 +107,13 @@ def create_app(sources: Sources | None = None) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sources = sources or Sources()
     app.state.may_act = may_act
+
+    from railyard.ledger import LedgerError
+
+    @app.exception_handler(LedgerError)
+    def _no_ledger(_request: Request, exc: LedgerError) -> JSONResponse:
+        """A ledger URL Railyard refuses, or a database it cannot open: said in one line (no password), 503."""
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
 
     def src(request: Request) -> Sources:
         return request.app.state.sources  # type: ignore[no-any-return]

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,7 +264,7 @@ def check_url(url: str, source: str, *, files: bool = True) -> str:
         raise LedgerError(source, f"{re.sub(r'://.*@', '://***@', url)}: more than one '@' before the host: "
                           "write an '@' in the user or password as %40")
     backend, _, driver = u.drivername.partition("+")
-    shown = safe_url(url)
+    shown = u.render_as_string(hide_password=True)
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
             raise LedgerError(source, f"{shown}: SQLite driver {driver!r} is not supported: use sqlite:///PATH")
@@ -282,10 +282,22 @@ def check_url(url: str, source: str, *, files: bool = True) -> str:
     raise LedgerError(source, f"{shown}: database {backend!r} is not supported: use {_EXAMPLES}")
 
 
-def connect_error(url: str, exc: OperationalError) -> LedgerError:
-    """A server that could not be reached, or a SQLite file that could not be opened, in one line."""
-    first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
-    return LedgerError("ledger", f"cannot open {safe_url(url)}: {first}")
+def create_tables(url: str, create: Callable[[], None]) -> None:
+    """Run `create` (the CREATEs a database still lacks) on the database at `url`, again when another process
+    made the same table at the same moment; a database that cannot be opened is a LedgerError, in one line
+    (a server that could not be reached, a SQLite file that could not be opened)."""
+    for attempt in range(10):
+        try:
+            create()
+            return
+        except DBAPIError as exc:
+            if _already_exists(exc) and attempt < 9:
+                time.sleep(0.1)
+                continue
+            if isinstance(exc, OperationalError):
+                first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+                raise LedgerError("ledger", f"cannot open {safe_url(url)}: {first}") from None
+            raise
 
 
 class Ledger:
@@ -294,19 +306,11 @@ class Ledger:
         (railyard.ledger_pg); False keeps them in Python, as on SQLite (tests compare the two)."""
         self.url = resolve_url(url)
         self.engine: Engine = _make_engine(self.url)
-        for attempt in range(10):  # several processes may create the tables at the same moment
-            try:
-                metadata.create_all(self.engine, checkfirst=True)
-                _create_missing_indexes(self.engine)
-                break
-            except OperationalError as exc:
-                if not _already_exists(exc) or attempt == 9:
-                    raise connect_error(self.url, exc) from None
-                time.sleep(0.1)
-            except DBAPIError as exc:
-                if not _already_exists(exc) or attempt == 9:
-                    raise
-                time.sleep(0.1)
+        def create() -> None:
+            metadata.create_all(self.engine, checkfirst=True)
+            _create_missing_indexes(self.engine)
+
+        create_tables(self.url, create)
         with self.engine.begin() as c:
             if c.execute(select(ledger_lock.c.id)).first() is None:
                 try:

@@ -31,9 +31,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
-from railyard.ledger import _make_engine, connect_error, resolve_url
+from railyard.ledger import _make_engine, create_tables, resolve_url
 
 metadata = MetaData()
 
@@ -159,16 +159,7 @@ def put(c: Connection, kind: str, key: str, data: dict[str, Any]) -> None:
 def _engine(url: str) -> Engine:
     """One engine (one pool) per database in a process; the tables made once, by whoever comes first."""
     eng = _make_engine(url)
-    for attempt in range(10):
-        try:
-            metadata.create_all(eng, checkfirst=True)
-            break
-        except DBAPIError as exc:
-            if "already exists" not in str(exc) or attempt == 9:
-                if isinstance(exc, OperationalError):
-                    raise connect_error(url, exc) from None
-                raise
-            time.sleep(0.1)
+    create_tables(url, lambda: metadata.create_all(eng, checkfirst=True))
     with eng.begin() as c:
         if c.execute(select(state_lock.c.id)).first() is None:
             try:

@@ -194,12 +194,30 @@ class SshdFarm:
                 procs.append(leader)
             except psutil.Error:
                 pass
+        # A connection's monitor forks its post-auth child (`sshd: user@notty`) on its own: every process found
+        # is stopped before its children are listed, until a listing finds none new; else a child forked
+        # after the listing outlives the kill (adopted by the test session, held open by its client).
         sessions: list[psutil.Process] = []
-        for leader in procs:
-            try:
-                sessions += leader.children(recursive=True)
-            except psutil.Error:
-                pass
+        seen = {p.pid for p in procs}
+        frontier = list(procs)
+        while frontier:
+            found: list[psutil.Process] = []
+            for p in frontier:
+                try:
+                    found += [c for c in p.children(recursive=True) if c.pid not in seen]
+                except psutil.Error:
+                    pass
+            frontier = []
+            for c in found:
+                if c.pid in seen:
+                    continue
+                seen.add(c.pid)
+                try:
+                    c.suspend()
+                except psutil.Error:
+                    continue
+                frontier.append(c)
+                sessions.append(c)
         for p in sessions + procs:
             try:
                 p.kill()

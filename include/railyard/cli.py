@@ -186,11 +186,13 @@ def cmd_lease(args: argparse.Namespace) -> int:
 
     from railyard.ledger import Ledger
     from railyard.ops import ControlError, release_lease
+    from railyard.reconcile import AirflowApi
 
     cfg = load_config(args.config)
     try:
         out = release_lease(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), args.op, reason=args.reason or "",
-                            actor=args.actor or getpass.getuser(), to_repair=args.to_repair)
+                            actor=args.actor or getpass.getuser(), to_repair=args.to_repair,
+                            runs=AirflowApi.from_env(args.airflow))
     except ControlError as exc:
         print(f"lease release: {exc}", file=sys.stderr)
         return 2
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     hh.add_argument("--config", help=cfg_help)
     hh.set_defaults(func=cmd_host)
 
-    le = sub.add_parser("lease", help="release an operation's lease by hand (its hosts serving or in repair)")
+    le = sub.add_parser("lease", help="release an operation's lease by hand (its run ended; its hosts serving or "
+                        "in repair)")
     le.add_argument("action", choices=["release"])
     le.add_argument("op", help="operation id (`railyard ops`)")
     le.add_argument("--reason", help="why (required, 10+ characters; recorded in the audit)")
@@ -379,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     le.add_argument("--actor", help="who (default: the current user)")
     le.add_argument("--config", help=cfg_help)
     le.add_argument("--fleet-url", help=url_help)
+    le.add_argument("--airflow", help="Airflow's URL, asked whether the operation's run has ended (default: "
+                    "RAILYARD_AIRFLOW_API or http://127.0.0.1:8080; credentials: RAILYARD_AIRFLOW_TOKEN, or "
+                    "RAILYARD_AIRFLOW_USER and RAILYARD_AIRFLOW_PASSWORD)")
     le.set_defaults(func=cmd_lease)
 
     rc = sub.add_parser("reconcile", help="finish the stops whose Airflow run is finished or deleted")

@@ -333,6 +333,30 @@ class SimulatorSpec(Strict):
     repair_s: float = Field(default=3600, ge=0, description="how long a randomly failed host stays failed")
 
 
+_CRON_FIELD = re.compile(r"^[0-9*/,-]+$")
+
+
+def check_cron(value: str) -> str:
+    """Five cron fields of digits, `*`, `/`, `,` and `-` (Airflow reads it; a typo is refused here, by name)."""
+    fields = str(value).split()
+    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        raise ValueError(f"{value!r} is not a cron schedule of five fields (e.g. '*/10 * * * *')")
+    return " ".join(fields)
+
+
+class SchedulesSpec(Strict):
+    """How often the recovery DAGs run (cron, in UTC)."""
+
+    reconcile: str = Field(default="*/10 * * * *", description="railyard_reconcile: finish the stops of runs "
+                           "that are finished or deleted")
+    repairs: str = Field(default="*/15 * * * *", description="railyard_repairs: repaired hosts through the gate")
+
+    @field_validator("reconcile", "repairs")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        return check_cron(v)
+
+
 class RailyardConfig(Strict):
     components: list[ComponentSpec]
     releases: list[ReleaseSpec]
@@ -351,6 +375,7 @@ class RailyardConfig(Strict):
     emergency: EmergencySpec = EmergencySpec()
     compatibility: CompatibilitySpec = CompatibilitySpec()
     job_stacks: list[JobStackSpec] = Field(default_factory=list)
+    schedules: SchedulesSpec = SchedulesSpec()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:

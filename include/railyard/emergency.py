@@ -6,6 +6,7 @@ all at once. The plan is what the run then does, stop by stop.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -25,34 +26,53 @@ class EmergencyError(ConfigError):
     """The trigger form is invalid; `problems` names every field and value."""
 
 
+MAX_TEXT = 1000  # characters of a free-text field (a reason): it is stored, audited and shown
+
+
 class EmergencyRequest(Strict):
     releases: list[Token] = Field(min_length=1)
     domains: list[Token] = Field(default_factory=list)
     hosts: list[Token] = Field(default_factory=list)
-    reason: str
+    reason: str = Field(max_length=MAX_TEXT)
     skip_checkpoint: bool = False
-    skip_checkpoint_reason: str | None = None
+    skip_checkpoint_reason: str | None = Field(default=None, max_length=MAX_TEXT)
     large_scale: bool = False
     domains_at_once: int = Field(default=1, ge=1)
-    large_scale_reason: str | None = None
+    large_scale_reason: str | None = Field(default=None, max_length=MAX_TEXT)
     dry_run: bool = False
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """A value as a message may quote it: its repr, cut at `limit` characters with its length said."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
+    return f"{text[:limit]}... ({size})"
+
+
 def parse_request(config: RailyardConfig, params: dict[str, Any]) -> EmergencyRequest:
-    """The form, checked against the config; raises EmergencyError listing every problem."""
-    data = {k: v for k, v in params.items() if k in EmergencyRequest.model_fields}
+    """The form, checked against the config; raises EmergencyError listing every problem. A key that is
+    not a field of the form is refused by name (a misspelt `dryrun` must never run a real emergency)."""
+    fields = list(EmergencyRequest.model_fields)
+    problems = []
+    for k in sorted((k for k in params if k not in fields), key=str):
+        near = difflib.get_close_matches(str(k), fields, n=1, cutoff=0.6)
+        problems.append(f"{shown(k, 64)}: not a field of the emergency form"
+                        + (f" (did you mean {near[0]!r}?)" if near else f" (fields: {', '.join(fields)})"))
+    data = {k: v for k, v in params.items() if k in fields}
     for k in ("domains", "hosts"):
         if data.get(k) is None:
             data[k] = []
     try:
         req = EmergencyRequest.model_validate(data)
     except ValidationError as exc:
-        problems = []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"])
-            problems.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (value: {e.get('input')!r})")
+            problems.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (value: {shown(e.get('input'))})")
         raise EmergencyError("emergency form", problems) from None
-    problems = []
+    if problems:
+        raise EmergencyError("emergency form", problems)
     by_id = {r.id: r for r in config.releases}
     comps: dict[str, str] = {}
     for i, rid in enumerate(req.releases):
@@ -74,7 +94,7 @@ def parse_request(config: RailyardConfig, params: dict[str, Any]) -> EmergencyRe
     if not req.domains and not req.hosts:
         problems.append("domains/hosts: name at least one domain or host (value: [])")
     if len(req.reason.strip()) < 10:
-        problems.append(f"reason: say why in at least 10 characters (value: {req.reason!r})")
+        problems.append(f"reason: say why in at least 10 characters (value: {shown(req.reason)})")
     if req.skip_checkpoint and not (req.skip_checkpoint_reason or "").strip():
         problems.append("skip_checkpoint_reason: required when skip_checkpoint is true (value: None)")
     if req.domains_at_once > 1 and not req.large_scale:

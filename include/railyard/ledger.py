@@ -242,12 +242,33 @@ class LedgerError(RuntimeError):
 _EXAMPLES = "postgresql+psycopg2://USER:PASSWORD@HOST/DB or sqlite:////PATH/ledger.db"
 
 
-def safe_url(url: str) -> str:
-    """`url` as it may be shown: its password as ***."""
+# query parameters that carry a credential (libpq's `password`, `sslpassword`, a driver's token...)
+_SECRET_QUERY = re.compile(r"pass|pwd|secret|token|key|credential", re.IGNORECASE)
+
+
+def has_credentials(url: str) -> bool:
+    """Whether `url` carries a credential: a password, or a query parameter such as `?password=`.
+    An unparsable URL counts as one (it is never shown or shipped as it is)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL: hide whatever stands before an "@"
-        return re.sub(r"://[^@]*@", "://***@", url)
+        u = make_url(url)
+    except Exception:
+        return True
+    return bool(u.password) or any(_SECRET_QUERY.search(k) for k in u.query)
+
+
+def _shown(u: Any) -> str:
+    base = str(u.set(query={}).render_as_string(hide_password=True))
+    pairs = [(k, v) for k, vs in u.query.items() for v in ((vs,) if isinstance(vs, str) else vs)]
+    query = "&".join(f"{k}={'***' if _SECRET_QUERY.search(k) else v}" for k, v in pairs)
+    return f"{base}?{query}" if query else base
+
+
+def safe_url(url: str) -> str:
+    """`url` as it may be shown: its password, and every query parameter that carries a credential, as ***."""
+    try:
+        return _shown(make_url(url))
+    except Exception:  # not a URL: hide whatever stands before an "@", and every query value
+        return re.sub(r"\?.*$", "?***", re.sub(r"://[^@]*@", "://***@", url))
 
 
 def check_url(url: str, source: str, *, files: bool = True) -> str:
@@ -264,7 +285,7 @@ def check_url(url: str, source: str, *, files: bool = True) -> str:
         raise LedgerError(source, f"{re.sub(r'://.*@', '://***@', url)}: more than one '@' before the host: "
                           "write an '@' in the user or password as %40")
     backend, _, driver = u.drivername.partition("+")
-    shown = u.render_as_string(hide_password=True)
+    shown = _shown(u)
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
             raise LedgerError(source, f"{shown}: SQLite driver {driver!r} is not supported: use sqlite:///PATH")
@@ -659,16 +680,28 @@ class Ledger:
         return None if r is None else dict(r._mapping)
 
     def set_release_state(self, release: str, *, phase: str, halted: bool, reason: str, actor: str,
-                          fleet_now: float, action: str, promoted: bool = False) -> None:
-        """Phase and halt of a release, with an audit row (`action`: release_promote, _halt, _resume...)."""
+                          fleet_now: float, action: str, promoted: bool = False, key: str | None = None) -> bool:
+        """Phase and halt of a release, with an audit row (`action`: release_promote, _halt, _resume...).
+        `key` (an Airflow run id) makes it idempotent: an action already recorded under that key is not
+        applied again (a cleared and re-run task); returns whether it was applied."""
         with self.engine.begin() as c:
             _lock(c)
+            if key is not None:
+                if _action_done(c, release, key):
+                    return False
+                reason = f"{reason} [{key}]"
             old = c.execute(select(release_states).where(release_states.c.release == release)).first()
             since = fleet_now if promoted or old is None else old.promoted_at
             c.execute(release_states.delete().where(release_states.c.release == release))
             c.execute(insert(release_states).values(release=release, phase=phase, halted=int(halted), reason=reason,
                                                     actor=actor, promoted_at=since, at=time.time()))
             _audit(c, actor, f"release/{release}", action, [], f"{phase}{' HALTED' if halted else ''}: {reason}")
+        return True
+
+    def release_action_done(self, release: str, key: str) -> bool:
+        """An action on `release` was recorded under `key` (see set_release_state)."""
+        with self.engine.connect() as c:
+            return _action_done(c, release, key)
 
     def record_release_result(self, release: str, host: str, op_id: str, passed: bool, reason: str, at: float) -> None:
         with self.engine.begin() as c:
@@ -816,6 +849,12 @@ class Ledger:
                 "checks": checks}
 
 
+def _action_done(c: Connection, release: str, key: str) -> bool:
+    q = select(audit.c.id).where(audit.c.op_id == f"release/{release}",
+                                 audit.c.reason.endswith(f" [{key}]", autoescape=True)).limit(1)
+    return c.execute(q).first() is not None
+
+
 def _lock(c: Connection, ops: Collection[str] = ()) -> None:
     """Take the ledger lock: every change of leases or waiters is made under it, one at a time.
     On PostgreSQL, then lock the rows of the operations `ops` too (those whose leases the change
@@ -881,7 +920,7 @@ def _view_of(result: Iterable[Any]) -> _View:
 def _judge(budget: Budget, domain: str, taking: list[str], n_broken: int, n_held: int) -> tuple[str, str] | None:
     """The buffer checks of `acquire_domain`, in order: None when they pass, else (outcome, reason)."""
     if n_broken > budget.failure_hosts:
-        return "stop", f"failure buffer exhausted: {n_broken} hosts broken or in repair > budget {budget.failure_hosts}"
+        return "stop", f"failure buffer exhausted: {n_broken} hosts broken, in repair or out with no lease > budget {budget.failure_hosts}"
     if n_held + len(taking) > budget.maintenance_hosts:
         return "wait", (f"maintenance buffer: {n_held} hosts out + {len(taking)} of {domain} > budget "
                         f"{budget.maintenance_hosts}")
@@ -1101,6 +1140,30 @@ def _already_exists(exc: DBAPIError) -> bool:
     return "already exists" in text or "duplicate key value" in text
 
 
+# What bounds a PostgreSQL client that stops mid-transaction (killed, frozen, partitioned): the server ends a
+# session idle in a transaction after IDLE_IN_TRANSACTION_S, so the fleet-wide ledger lock it held goes with it
+# and the other writers go on (its uncommitted lease rows go too: no domain is out twice). A writer waits for
+# a lock at most LOCK_TIMEOUT_S, then fails with an error (its task retries) rather than hang. TCP keepalives
+# on both ends drop a silent peer in about a minute, not the kernel's two hours. A URL's own `options`
+# (`?options=-c lock_timeout=10s`) and `keepalives*` parameters win over these.
+LOCK_TIMEOUT_S = 60
+IDLE_IN_TRANSACTION_S = 30
+PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def pg_connect_args(url: str) -> dict[str, Any]:
+    """psycopg2's connect arguments for the ledger: the bounds above, under what the URL itself sets."""
+    query = make_url(url).query
+    ours = (f"-c lock_timeout={LOCK_TIMEOUT_S * 1000} -c idle_in_transaction_session_timeout="
+            f"{IDLE_IN_TRANSACTION_S * 1000} -c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 "
+            "-c tcp_keepalives_count=3")
+    theirs = query.get("options", "")
+    theirs = theirs if isinstance(theirs, str) else " ".join(theirs)
+    args: dict[str, Any] = {k: v for k, v in PG_KEEPALIVES.items() if k not in query}
+    args["options"] = f"{ours} {theirs}".strip()  # PostgreSQL applies them in order: the URL's last
+    return args
+
+
 def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         eng = create_engine(url, connect_args={"timeout": 60})
@@ -1113,7 +1176,7 @@ def _make_engine(url: str) -> Engine:
             cur.close()
 
         return eng
-    eng = create_engine(url)
+    eng = create_engine(url, connect_args=pg_connect_args(url))
 
     @event.listens_for(eng, "checkin")
     def _returned(_dbapi_conn: Any, record: Any) -> None:

@@ -178,7 +178,7 @@ BEGIN
       serving := p_total - v.n_maint - n_broken - cardinality(free);
       IF n_broken > p_fail THEN
         outcome := 'stop';
-        reason := format('failure buffer exhausted: %s hosts broken or in repair > budget %s', n_broken, p_fail);
+        reason := format('failure buffer exhausted: %s hosts broken, in repair or out with no lease > budget %s', n_broken, p_fail);
       ELSIF v.n_maint + cardinality(free) > p_maint THEN
         outcome := 'wait';
         reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(free),

@@ -1,9 +1,11 @@
 """An operator's view and controls: what is held (`railyard ops`), one host's record (`railyard host`),
 and releasing a lease by hand (`railyard lease release`). Every control is audited with the user.
 
-A lease is released by hand only when every host it holds is serving or in repair: hosts out of
+A lease is released by hand only once the operation's Airflow run has ended or is gone (while it runs,
+its own tasks finish the stop), and only when every host it holds is serving or in repair: hosts out of
 service come back through the gate first (`railyard reconcile` once their run is gone), or go to
 repair with `to_repair` (each handed to a repair operation, which brings it back through the gate).
+A host in repair is never released with no repair operation holding it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from railyard.config import RailyardConfig
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, HostState
-from railyard.reconcile import owner_of, stop_for
+from railyard.reconcile import FINISHED, ReconcileError, RunOracle, owner_of, run_state_name, stop_for
 
 MIN_REASON = 10
 
@@ -26,8 +28,9 @@ class ControlError(RuntimeError):
 
 
 def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: str, *, reason: str, actor: str,
-                  to_repair: bool = False) -> dict[str, Any]:
-    """Release every lease of `op_id` by hand (see the module's rules). Returns what was done."""
+                  runs: RunOracle, to_repair: bool = False) -> dict[str, Any]:
+    """Release every lease of `op_id` by hand (see the module's rules). `runs` answers whether the
+    operation's run still lives (the REST API from the CLI, the metadata DB from the page). Returns what was done."""
     reason = (reason or "").strip()
     if len(reason) < MIN_REASON:
         raise ControlError(f"reason: say why in at least {MIN_REASON} characters (value: {reason!r})")
@@ -37,6 +40,7 @@ def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: s
     held = sorted(ledger.holdings(op_id))
     if not held:
         raise ControlError(f"operation {op_id!r} holds no host (state {op['state']}): nothing to release")
+    _refuse_if_run_alive(ledger, op, held, reason, actor, runs)
     hosts = fleet.hosts(held)
     out = [h for h in hosts if h.state not in (HostState.SERVING, *BROKEN_STATES)]
     stuck_in_repair = [h for h in hosts if h.state == HostState.REPAIR and op["kind"] != "repair"]
@@ -48,9 +52,11 @@ def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: s
             f"{op_id}: {len(out)} host(s) out of service: {listed}. A lease is released only when its hosts are "
             "serving or in repair: return them through the gate first (`railyard reconcile` once its run is "
             "gone), or send them to repair with --to-repair")
-    if op["kind"] == "repair" and out:
+    in_repair = [h for h in hosts if h.state == HostState.REPAIR]
+    if op["kind"] == "repair" and (out or in_repair):
         raise ControlError(f"{op_id}: a repair's hosts come back through the repair gate, not by hand "
-                           f"({', '.join(h.name for h in out)} waiting for it)")
+                           f"({', '.join(h.name for h in out + in_repair)} "
+                           f"{'in repair or ' if in_repair else ''}waiting for it)")
     sent: list[str] = []
     if out or stuck_in_repair:  # each to a repair operation of its own, with the targets it was out for
         full = op | {"detail": json.loads(op["detail"] or "{}")}
@@ -59,8 +65,35 @@ def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: s
             stop.offboard(h.name, f"sent to repair by {actor}: {reason}")
             sent.append(h.name)
     left = sorted(ledger.holdings(op_id))
+    forget = getattr(fleet, "forget", None)  # the fleet's own record of the hold ends with it (Slurm's gate)
+    if forget is not None and left:
+        forget(left, op_id)
     ledger.release(op_id, actor=actor, reason=f"released by hand: {reason}")
     return {"op": op_id, "released": left, "to_repair": sent}
+
+
+def _refuse_if_run_alive(ledger: Ledger, op: dict[str, Any], held: list[str], reason: str, actor: str,
+                         runs: RunOracle) -> None:
+    """Refuse while the operation's run is alive, or when Airflow cannot say (closed: never released on a guess)."""
+    own = owner_of(op)
+    if own is None:
+        return
+    dag_id, run_id = own
+    try:
+        known = runs.dag_known(dag_id)
+        state = runs.run_state(dag_id, run_id) if known else None
+    except ReconcileError as exc:
+        raise ControlError(f"{op['id']}: cannot ask Airflow whether its run {dag_id}/{run_id} has ended ({exc}); "
+                           "a lease is released by hand only once its run has ended") from None
+    if not known:
+        raise ControlError(f"{op['id']}: the Airflow asked does not know the DAG {dag_id}, so it cannot say whether "
+                           "its run has ended (is RAILYARD_AIRFLOW_API the Airflow that runs Railyard?)")
+    if state is not None and run_state_name(state) not in FINISHED:
+        ledger.note(op["id"], "lease_release_refused", held, f"its run is {run_state_name(state)}: {reason}",
+                    actor=actor)
+        raise ControlError(f"{op['id']}: its run {dag_id}/{run_id} is still {run_state_name(state)}: its own tasks "
+                           "finish the stop. Mark the run failed first (its teardown then returns the hosts), and "
+                           "release what is left once it has ended")
 
 
 def describe_ops(ops: list[dict[str, Any]], now: float | None = None) -> str:

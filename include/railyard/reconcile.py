@@ -43,6 +43,13 @@ class RunOracle(Protocol):
         ...
 
 
+def run_state_name(state: object) -> str:
+    """A run state as its plain name ("failed"), whatever carries it: a string, or an enum such as the
+    Task SDK's `DagRunState`, whose `str()` is "DagRunState.FAILED" (never a finished state by name)."""
+    value = getattr(state, "value", state)
+    return str(value).lower()
+
+
 def dag_id_for(train_id: str) -> str:
     """The DAG of a train (one per train in the config)."""
     return "railyard_train_" + re.sub(r"[^\w-]", "_", train_id)
@@ -95,7 +102,8 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
         if not known[dag_id]:
             results.append({"op": op["id"], "action": "skipped", "why": f"Airflow does not know the DAG {dag_id}"})
             continue
-        state = runs.run_state(dag_id, run_id)
+        raw = runs.run_state(dag_id, run_id)
+        state = None if raw is None else run_state_name(raw)
         if state is not None and state not in FINISHED:
             continue  # alive: its own tasks finish it
         why = f"its run {dag_id}/{run_id} is {'deleted' if state is None else state}"

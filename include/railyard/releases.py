@@ -179,18 +179,21 @@ class Rollout:
         return said
 
     def _set(self, rid: str, phase: str, halted: bool, reason: str, now: float, action: str, write: bool,
-             *, promoted: bool, actor: str = "railyard") -> None:
+             *, promoted: bool, actor: str = "railyard", key: str | None = None) -> None:
         if write:
             self._write_state(rid, phase=phase, halted=halted, reason=reason, actor=actor,
-                              fleet_now=now, action=action, promoted=promoted)
+                              fleet_now=now, action=action, promoted=promoted, key=key)
         else:
             old = self.state(rid)
             self._override[rid] = ReleaseState(rid, phase, halted, reason, now if promoted else old.promoted_at)
 
     # ---- explicit actions -----------------------------------------------------------------------
-    def act(self, action: str, rid: str, *, reason: str, actor: str, now: float) -> ReleaseState:
-        """promote | halt | resume, with a reason (at least 10 characters), recorded in the audit."""
+    def act(self, action: str, rid: str, *, reason: str, actor: str, now: float, key: str | None = None) -> ReleaseState:
+        """promote | halt | resume, with a reason (at least 10 characters), recorded in the audit. `key` (the
+        Airflow run that asks): an action already recorded under it is not applied twice; its state is returned."""
         r = self.release(rid)
+        if key is not None and self.ledger.release_action_done(rid, key):
+            return self.state(rid)
         if action not in ("promote", "halt", "resume"):
             raise ReleaseError(f"action: must be promote, halt or resume (value: {action!r})")
         if not reason or len(reason.strip()) < 10:
@@ -207,16 +210,16 @@ class Rollout:
             if st.phase == "fleet":
                 raise ReleaseError(f"release: {rid!r} is already at fleet")
             self._set(rid, PHASES[PHASES.index(st.phase) + 1], False, reason, now, "release_promote", True,
-                      promoted=True, actor=actor)
+                      promoted=True, actor=actor, key=key)
         elif action == "halt":
             if st.halted:
                 raise ReleaseError(f"release: {rid!r} is already halted ({st.reason})")
-            self._set(rid, st.phase, True, reason, now, "release_halt", True, promoted=False, actor=actor)
+            self._set(rid, st.phase, True, reason, now, "release_halt", True, promoted=False, actor=actor, key=key)
         else:
             if not st.halted:
                 raise ReleaseError(f"release: {rid!r} is not halted")
             # a fresh window: failures before the resume no longer count against the phase
-            self._set(rid, st.phase, False, reason, now, "release_resume", True, promoted=True, actor=actor)
+            self._set(rid, st.phase, False, reason, now, "release_resume", True, promoted=True, actor=actor, key=key)
         return self.state(rid)
 
     def table(self) -> list[dict[str, Any]]:

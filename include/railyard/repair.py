@@ -44,37 +44,57 @@ def gate_repaired(config: RailyardConfig, fleet: Fleet, ledger: Ledger, *, say: 
     failed: list[str] = []
     waiting: list[str] = []
     by_domain = config.host_domain()
+    errors: dict[str, str] = {}
     for op in ledger.operations_like("repair/", state="active"):
-        hosts = sorted(ledger.holdings(op["id"]))
-        if not hosts:
-            continue
-        targets = frozen_targets(config, op)
-        if targets is None:
-            say(f"{op['id']}: no target versions on record and its train is no longer configured; left in repair")
-            waiting += hosts
-            continue
-        ready = [h.name for h in fleet.hosts(hosts) if h.state == HostState.DRAINED]
-        waiting += [h for h in hosts if h not in ready]
-        if not ready:
-            continue
-        detail = op["detail"]
-        attempt = int(detail.get("attempt", 0)) + 1
-        base = _ATTEMPT.sub("", op["id"])
-        new_op = f"{base}/attempt-{attempt}"
-        # the fleet first: a crash in between leaves the ledger on the old op, and the retry hands over again
-        fleet.handover(ready, op["id"], new_op)
-        ledger.handover(ready, op["id"], new_op, kind="repair", actor="repair-gate", domain=op["domain"],
-                        reason=f"repair done: health gate attempt {attempt}",
-                        detail={**detail, "targets": targets, "attempt": attempt})
-        say(f"{new_op}: {', '.join(ready)} back from repair; health gate attempt {attempt} at "
-            + ", ".join(f"{c}={v}" for c, v in targets.items()))
-        train = TrainSpec(id="repair", releases=["repair"], max_failure_fraction=1.0, max_dodges=0)
-        stop = Stop(config=config, train=train, domain=config.domain(by_domain[ready[0]]), op_id=new_op,
-                    fleet=fleet, ledger=ledger, actor="repair-gate", say=say, sleep=sleep, clock=clock,
-                    kind="repair", fixed_targets=targets)
-        stop.upgrade()
-        stop.check()
-        out = stop.return_hosts()
-        failed += out["offboarded"]
-        returned += [h for h in ready if h not in out["offboarded"]]
-    return {"returned": sorted(returned), "failed_gate": sorted(failed), "still_in_repair": sorted(waiting)}
+        try:
+            _gate_one(config, fleet, ledger, op, by_domain, returned, failed, waiting, say=say, sleep=sleep, clock=clock)
+        except Exception as exc:  # noqa: BLE001 - one repair that cannot go on never starves the others
+            errors[op["id"]] = f"{type(exc).__name__}: {exc}"
+            say(f"{op['id']}: repair gate not finished: {errors[op['id']]}")
+            ledger.note(op["id"], "repair_gate_failed", sorted(ledger.holdings(op["id"])), errors[op["id"]][:1000],
+                        actor="repair-gate")
+    return {"returned": sorted(returned), "failed_gate": sorted(failed), "still_in_repair": sorted(waiting),
+            "errors": errors}
+
+
+def _gate_one(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op: dict[str, Any], by_domain: dict[str, str],
+              returned: list[str], failed: list[str], waiting: list[str], *, say: Callable[[str], None],
+              sleep: Callable[[float], None], clock: Callable[[], float]) -> None:
+    hosts = sorted(ledger.holdings(op["id"]))
+    if not hosts:
+        return
+    targets = frozen_targets(config, op)
+    if targets is None:
+        say(f"{op['id']}: no target versions on record and its train is no longer configured; left in repair")
+        waiting += hosts
+        return
+    now = fleet.hosts(hosts)
+    detail = op["detail"]
+    origin = detail.get("from")
+    # an offboard cut short after the ledger's handover: the fleet still names the operation that sent it
+    late = [h.name for h in now if origin and h.operation == origin]
+    if late:
+        fleet.handover(late, str(origin), op["id"])
+    ready = [h.name for h in now if h.state == HostState.DRAINED]
+    waiting += [h for h in hosts if h not in ready]
+    if not ready:
+        return
+    attempt = int(detail.get("attempt", 0)) + 1
+    base = _ATTEMPT.sub("", op["id"])
+    new_op = f"{base}/attempt-{attempt}"
+    # the fleet first: a crash in between leaves the ledger on the old op, and the retry hands over again
+    fleet.handover(ready, op["id"], new_op)
+    ledger.handover(ready, op["id"], new_op, kind="repair", actor="repair-gate", domain=op["domain"],
+                    reason=f"repair done: health gate attempt {attempt}",
+                    detail={**detail, "targets": targets, "attempt": attempt})
+    say(f"{new_op}: {', '.join(ready)} back from repair; health gate attempt {attempt} at "
+        + ", ".join(f"{c}={v}" for c, v in targets.items()))
+    train = TrainSpec(id="repair", releases=["repair"], max_failure_fraction=1.0, max_dodges=0)
+    stop = Stop(config=config, train=train, domain=config.domain(by_domain[ready[0]]), op_id=new_op,
+                fleet=fleet, ledger=ledger, actor="repair-gate", say=say, sleep=sleep, clock=clock,
+                kind="repair", fixed_targets=targets)
+    stop.upgrade()
+    stop.check()
+    out = stop.return_hosts()
+    failed += out["offboarded"]
+    returned += [h for h in ready if h not in out["offboarded"]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -55,8 +55,10 @@ def stop_host_targets(stop: Stop) -> dict[str, dict[str, str]]:
         t = (detail or {}).get("targets")
         return {h: t for h in stop.domain.hosts} if isinstance(t, dict) else {}
     rollout = releases.Rollout(cfg, led)
-    for msg in rollout.refresh(stop.fleet.hosts(), stop.fleet.now()):
-        stop.say(msg)
+    # a probe (a trigger's poll) previews the gates: it never starts, promotes or halts a rollout
+    for msg in rollout.refresh(stop.fleet.hosts(), stop.fleet.now(), write=not stop.probing):
+        if not stop.probing:
+            stop.say(msg)
     for rid in stop.train.releases:
         st = rollout.state(rid)
         if st.halted:
@@ -65,7 +67,7 @@ def stop_host_targets(stop: Stop) -> dict[str, dict[str, str]]:
     rels: dict[str, list[str]] = {}
     for h in stop.domain.hosts:
         targets[h], rels[h] = releases.visit_targets(cfg, stop.train.releases, h, rollout.admits)
-    if detail is not None and led.holdings(stop.op_id):
+    if detail is not None and not stop.probing and led.holdings(stop.op_id):
         targets = led.set_detail_once(stop.op_id, "host_targets", targets)  # type: ignore[assignment]
         led.set_detail_once(stop.op_id, "host_releases", rels)
     return targets
@@ -106,6 +108,7 @@ class Stop:
     closing: bool = False  # its run is gone (railyard.reconcile): finish safely, start no new install
     fixed_targets: dict[str, str] | None = None  # a repair's gate: the targets frozen when the host went out
     _host_targets: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    probing: bool = field(default=False, init=False, repr=False)  # inside take(probe=True): read only
 
     @property
     def hosts(self) -> list[str]:
@@ -187,8 +190,19 @@ class Stop:
 
         Outcomes: granted; skip (nothing to do); dodge (postponed to a revisit at the end of the run);
         wait (with the reason and, for windows, when the next one opens); stop (the train must halt).
-        `probe` (a trigger's poll): lease nothing; "free" when the lease would be granted now.
+        `probe` (a trigger's poll): lease nothing, record nothing but the operation's place among the
+        waiters; "free" when the lease would be granted now.
         """
+        if probe:
+            self.probing = True
+            try:
+                return self._take(probe=True)
+            finally:  # what it previewed is forgotten: the step that takes the lease works it out for real
+                self.probing = False
+                self._host_targets = None
+        return self._take(probe=False)
+
+    def _take(self, probe: bool) -> Decision:
         if self.held():
             return Decision("granted", f"{self.op_id} already holds {self.domain.name}")
         now = self.fleet.now()
@@ -222,7 +236,7 @@ class Stop:
                 f"a stop of ~{need / 60:.0f} min does not fit in the window "
                 f"({windows.describe(self.train.window)}) at {windows.iso(now)}{when}",  # type: ignore[arg-type]
             )
-        unavailable = [h.name for h in fleet_hosts if h.state in BROKEN_STATES]
+        unavailable = self._unavailable(fleet_hosts)
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=list(self.domain.hosts),
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
@@ -232,6 +246,15 @@ class Stop:
             self._host_targets = None
             self.targets_for(self.domain.hosts[0])  # freeze what each host gets, before it is touched
         return d
+
+    def _unavailable(self, fleet_hosts: Iterable[Host]) -> list[str]:
+        """Every host that does not serve, whatever put it there, but the ones this stop would take: broken
+        hosts, and hosts out of service that no operation may hold (drained by a dead run, back from repair
+        drained, released by hand while out). The ledger counts a leased one once, as its operation's; an
+        unleased one against the failure buffer. Broken hosts of the stop's own scope are not taken again."""
+        mine = set(self.hosts)
+        return [h.name for h in fleet_hosts
+                if h.state in BROKEN_STATES or (h.state != HostState.SERVING and h.name not in mine)]
 
     def _take_emergency(self, probe: bool = False) -> Decision:
         """An emergency ignores windows, freezes and dodges (its reason is on record), waits ahead of
@@ -243,7 +266,7 @@ class Stop:
         holders = self.ledger.holdings()
         trains = sorted({holders[h] for h in self.hosts if h in holders
                          and (self.ledger.operation(holders[h]) or {}).get("kind") == "train_stop"})
-        unavailable = [n for n, h in fleet_hosts.items() if h.state in BROKEN_STATES]
+        unavailable = self._unavailable(fleet_hosts.values())
         budget = budget_for(self.config, self.domain.sku)
         if self.domains_at_once > budget.max_domains_down:  # large scale, with a stated reason
             largest = max(len(d.hosts) for d in self.config.domains if d.sku == self.domain.sku)
@@ -381,12 +404,49 @@ class Stop:
     def drain(self) -> dict[str, Any]:
         held = self._require_lease()
         to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
+        if to_drain and not self.skip_checkpoint_reason:
+            self._fresh_before_drain(to_drain)
         if to_drain:
             self.fleet.drain(to_drain, self.op_id)
             self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
         self._wait_drained(held)
         self._sample_capacity()
         return {"drained": len(to_drain)}
+
+    def _fresh_before_drain(self, hosts: list[str]) -> None:
+        """Invariant 5 at the drain itself, whatever happened to the checkpoint wait (marked success by hand,
+        a job placed on the domain after it passed): every running job on `hosts` has checkpointed since it
+        was asked to. A job never asked (the request was never made, or the job came later) is asked now;
+        then the drain waits, within `checkpoint_wait_s`, or refuses to drain. An emergency's stated skip
+        (`skip_checkpoint_reason`) is the only way past it."""
+        jobs = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
+        if not jobs:
+            return
+        recorded = self.ledger.detail(self.op_id).get("checkpoint_requested_at")
+        since = float(recorded) if recorded is not None else None
+        asked_at = {j.id: max(since or float("-inf"), j.checkpoint_requested_at or float("-inf")) for j in jobs}
+        late = [j.id for j in jobs if since is None or j.checkpoint_requested_at is None
+                or j.checkpoint_requested_at < since]
+        if late:
+            at = self.fleet.request_checkpoint(late)
+            if since is None:
+                self.ledger.set_detail_once(self.op_id, "checkpoint_requested_at", at)
+            self.ledger.note(self.op_id, "checkpoint_requested", hosts,
+                             f"at the drain, jobs not yet asked: {', '.join(late)}", actor=self.actor)
+            asked_at.update({jid: at for jid in late})
+            self.say(f"{self.domain.name}: asked {', '.join(late)} to checkpoint before the drain")
+
+        def probe() -> tuple[bool, str]:
+            now = [j for j in self.fleet.jobs(hosts) if j.state == "running" and j.id in asked_at]
+            stale = sorted(j.id for j in now if j.last_checkpoint < asked_at[j.id])
+            return not stale, (f"waiting before the drain for checkpoints of {', '.join(stale)}" if stale
+                               else "every job on the domain has a fresh checkpoint")
+
+        try:
+            self._wait("checkpoints before the drain", self.timeouts.checkpoint_wait_s, probe)
+        except StopError as exc:
+            raise StopError(f"{self.domain.name}: not drained, jobs would lose work since their last checkpoint: "
+                            f"{exc}") from None
 
     def _drained_again(self, names: list[str]) -> list[Host]:
         """The held hosts `names` as the fleet has them, once any it put back in service (a Slurm controller
@@ -532,6 +592,7 @@ class Stop:
         """
         held = self.held()
         if not held:  # never taken, already returned, taken over, or every host went to repair
+            self._settle_repairs([])
             if self.ledger.operation(self.op_id) is not None and self.kind == "train_stop" and not self.closing:
                 self._revisit_if_taken_over()
                 self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
@@ -543,6 +604,9 @@ class Stop:
 
         self._wait("in-flight work", self.timeouts.upgrade_s, settled)
         hosts = self.fleet.hosts(held)
+        self._settle_repairs(hosts)
+        held = self.held()
+        hosts = [h for h in hosts if h.name in set(held)]
         unverified = [h.name for h in hosts if h.state == HostState.DRAINED and not self.verified(h)]
         for name in unverified:
             h = next(x for x in hosts if x.name == name)
@@ -574,9 +638,13 @@ class Stop:
         self._wait("return", self.timeouts.return_s, lambda: (
             not [h for h in self.fleet.hosts(self.held()) if h.state == HostState.RETURNING], "returning"))
         final = self.fleet.hosts(self.held())
+        self._settle_repairs(final, handovers=False)  # offboarded meanwhile (a stray, a failed gate): never released in repair
+        still = self.ledger.holdings(self.op_id)
+        final = [h for h in final if h.name in still]
         out = [h.name for h in final if h.state not in (HostState.SERVING, *BROKEN_STATES)]
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
+        self._let_go([h.name for h in final if h.state == HostState.FAILED])
         self._sample_capacity()
         repaired = self.offboarded()
         why = f"returned {len(back)}, to repair {len(repaired)}" + (" (closing: its run is gone)" if self.closing else "")
@@ -590,6 +658,13 @@ class Stop:
             self._revisit_if_taken_over()
             self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
         return {"returned": len(back), "offboarded": repaired}
+
+    def _let_go(self, hosts: list[str]) -> None:
+        """Hosts released while failed (someone else's drain, a host that broke): fleets that keep a record
+        of what an operation holds (Slurm's health gate) end it with the lease."""
+        forget = getattr(self.fleet, "forget", None)
+        if forget is not None and hosts:
+            forget(hosts, self.op_id)
 
     def _revisit_if_taken_over(self) -> None:
         """An emergency took (some of) this stop's hosts: the train comes back for the domain in a
@@ -606,11 +681,18 @@ class Stop:
 
     def offboard(self, host: str, reason: str) -> None:
         """Hand the host to a repair operation: it stays out, counts against the failure buffer,
-        carries its evidence, and comes back only through the health gate."""
+        carries its evidence, and comes back only through the health gate. Idempotent across every gap:
+        a host the fleet already has in repair (an answer lost, a worker killed after the fleet call) is
+        found by the next step's `_settle_repairs`, which finishes the ledger's part."""
         self.fleet.offboard(host, reason, self.op_id)
-        self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
-        record_outcome(self, host, False, reason)
-        self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
+        self._record_offboard(host, reason)
+
+    def _record_offboard(self, host: str, reason: str) -> None:
+        """The ledger's part of an offboard (note, release outcome, lease handed to the repair), each once."""
+        if host not in self.offboarded():
+            self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
+            record_outcome(self, host, False, reason)
+            self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
         if self.op_id.startswith("repair/"):
             return  # a repair whose gate failed keeps the host
         repair_op = f"repair/{host}/{self.op_id}"
@@ -618,6 +700,21 @@ class Stop:
                              domain=self.domain.name, detail={"reason": reason, "targets": self.targets_for(host),
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
+
+    def _settle_repairs(self, hosts: list[Host], *, handovers: bool = True) -> None:
+        """Finish every offboard a crash or a lost answer left half-done, before any lease is released:
+        a held host the fleet has in repair goes to its repair operation (never released with no repair
+        holding it), and a host whose lease a repair took while the fleet still names this operation is
+        handed over in the fleet too."""
+        if self.op_id.startswith("repair/"):
+            return
+        for h in hosts:
+            if h.state == HostState.REPAIR:
+                self._record_offboard(h.name, h.reason or f"found in repair while held by {self.op_id}")
+        for name in self.offboarded() if handovers else []:
+            repair_op = f"repair/{name}/{self.op_id}"
+            if name in self.ledger.holdings(repair_op):
+                self.fleet.handover([name], self.op_id, repair_op)
 
 
 def end_run(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: Ledger) -> list[str]:

@@ -212,20 +212,20 @@ def build_release_dag(path: str | None = None) -> DAG:
 
 
 def build_repair_dag(path: str | None = None) -> DAG:
-    """Every 15 minutes: hosts whose repair is done are upgraded, checked and returned, or kept."""
+    """On `schedules.repairs` (every 15 minutes): hosts whose repair is done are upgraded, checked and returned, or kept."""
     p = str(config_path(path))
     config = load_config(p)
     t = config.timeouts
     return _single_task_dag(
         config, p, dag_id="railyard_repairs", description="Return repaired hosts through the health gate",
-        schedule="*/15 * * * *", tag="repair", operator=RepairGateOperator, task_id="gate_repaired_hosts",
+        schedule=config.schedules.repairs, tag="repair", operator=RepairGateOperator, task_id="gate_repaired_hosts",
         timeout=timedelta(seconds=t.upgrade_s + t.check_s) + MARGIN,
         doc_md="Hosts whose repair is done are upgraded to the targets frozen when they were offboarded, "
         "checked, and returned; a host that fails stays in repair, and its next attempt is a fresh operation.")
 
 
 def build_reconcile_dag(path: str | None = None) -> DAG:
-    """Every 10 minutes: operations whose run is finished or deleted are finished safely (their hosts
+    """On `schedules.reconcile` (every 10 minutes): operations whose run is finished or deleted are finished safely (their hosts
     checked and returned, or sent to repair) and their leases released."""
     p = str(config_path(path))
     config = load_config(p)
@@ -233,7 +233,7 @@ def build_reconcile_dag(path: str | None = None) -> DAG:
     return _single_task_dag(
         config, p, dag_id="railyard_reconcile",
         description="Finish the stops of runs that are gone; release their leases safely",
-        schedule="*/10 * * * *", tag="recovery", operator=ReconcileOperator, task_id="reconcile",
+        schedule=config.schedules.reconcile, tag="recovery", operator=ReconcileOperator, task_id="reconcile",
         timeout=timedelta(seconds=t.drain_s + t.upgrade_s + t.check_s + t.return_s) + MARGIN,
         doc_md="Leases never expire. A run marked failed or deleted mid-stop leaves its hosts out and its "
         "lease held: this DAG finds such operations (asking Airflow about each one's run) and finishes "

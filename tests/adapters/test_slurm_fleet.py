@@ -182,6 +182,38 @@ def test_health_gate_keeps_a_node_out_that_slurm_resumed_by_itself(world, cluste
     assert sorted(n["node"] for n in fleet.notes("resume_replayed")) == ["n5", "n6"]
 
 
+def test_a_node_an_admin_drained_mid_stop_is_never_drained_again_by_the_dead_stop(world, cluster: SlurmCluster):
+    """NHC or an admin drains a node Railyard holds: it reads failed, the stop lets it go with its lease, and
+    once its owner resumes it the gate leaves it serving; the domain's next stop takes it like any other."""
+    cfg, fleet, ledger = world()
+    from railyard.stop import Stop
+
+    train = cfg.train("slurm")
+    s = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c", fleet=fleet,
+             ledger=ledger)
+    assert s.take().granted
+    s.drain()
+    cluster.cli("scontrol", "update", "nodename=n5", "state=drain", "reason=NHC: GPU 2 fell off the bus")
+    assert fleet.hosts(["n5"])[0].state == HostState.FAILED
+    s.upgrade()
+    s.check()
+    assert s.return_hosts()["returned"] == 1
+    assert not ledger.holdings("slurm/run1/rack-c")
+    cluster.cli("scontrol", "update", "nodename=n5", "state=resume")  # the admin is done with it
+    fleet.enforce_gate()
+    node = next(n for n in json.loads(cluster.cli("sinfo", "--json").stdout)["nodes"] if n["name"] == "n5")
+    assert "DRAIN" not in node["state_flags"], node  # not drained again under the dead stop's reason
+    assert fleet.hosts(["n5"])[0].state == HostState.SERVING
+    assert [n["node"] for n in fleet.notes("gate_redrain")] == []
+    s2 = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/run2/rack-c", fleet=fleet,
+              ledger=ledger)
+    assert s2.take().granted
+    s2.drain()
+    s2.upgrade()
+    s2.check()
+    assert s2.return_hosts()["returned"] == 2
+
+
 def test_a_job_that_never_checkpoints_is_requeued_by_policy_and_the_loss_recorded(world, cluster: SlurmCluster):
     cfg, fleet, ledger = world(checkpoint={"policy": "requeue", "grace_s": 2})
     jid = submit(cluster, nodes=1, steps=400, extra=("--nodelist=n7",))

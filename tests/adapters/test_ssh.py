@@ -279,3 +279,63 @@ def test_a_dead_driver_is_relaunched_by_the_stops_write_step_never_by_a_read(fre
         assert (d / "driver.log").read_text().count("driver start") == 2
     finally:
         fleet.close()
+
+
+def _sessions(farm: SshdFarm, name: str) -> list:
+    import psutil
+
+    return psutil.Process(farm[name].proc.pid).children(recursive=True)
+
+
+def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(fresh):
+    """The host's sshd session is SIGSTOPped between the channel's open and the exec request's answer
+    (paramiko waits for that answer with no bound), and again in the middle of a command: each call ends
+    with CommandTimeout within the command timeout, and the next call reconnects to the thawed host."""
+    from railyard.ssh.runner import CommandTimeout
+
+    r = runner(fresh)
+    r.command_timeout = 3.0
+    host = NAMES[0]
+    try:
+        assert r.run(host, "echo up")[1].strip() == "up"  # a pooled connection with its session
+        chan = r._clients[host].get_transport().open_session(timeout=5)
+        frozen = _sessions(fresh, host)
+        assert frozen
+        for p in frozen:
+            p.suspend()
+        t0 = time.monotonic()
+        with pytest.raises(CommandTimeout, match="no answer within 3s"):
+            r._exec(host, chan, "echo never", 3.0)
+        assert time.monotonic() - t0 < 6
+        for p in frozen:
+            p.resume()
+        assert r.run(host, "echo back")[1].strip() == "back"  # a fresh connection
+        # frozen while the command runs: the read loop's deadline
+        frozen = _sessions(fresh, host)
+        t0 = time.monotonic()
+        import threading
+
+        threading.Timer(0.5, lambda: [p.suspend() for p in _sessions(fresh, host)]).start()
+        with pytest.raises(CommandTimeout):
+            r.run(host, "sleep 1; echo late")
+        assert time.monotonic() - t0 < 6
+    finally:
+        for p in _sessions(fresh, host):
+            try:
+                p.resume()
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+        r.close()
+    tr = None
+    r2 = runner(fresh)
+    try:
+        r2.run(host, "true")
+        tr = r2._clients[host].get_transport()
+        import socket
+
+        sock = tr.sock
+        assert tr.packetizer._Packetizer__keepalive_interval == 15
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+    finally:
+        r2.close()

@@ -33,6 +33,23 @@ def test_a_bad_form_is_refused_before_anything_is_touched(train_env):
         assert needle in row["reason"], (needle, row["reason"])
 
 
+def test_a_misspelt_key_or_an_oversized_reason_is_refused_by_name_before_anything_is_touched(train_env):
+    """Through the run's conf, as the REST API gives it: `dryrun` would otherwise run a real emergency."""
+    _stack, fleet, tmp = train_env(config_with_hotfix())
+    before = {h.name: (h.state, h.versions) for h in fleet.hosts()}
+    conf = {"releases": ["driver-575-hotfix"], "domains": ["pod-b"], "reason": "CVE-2026-4242 " + "x" * 1_000_000,
+            "dryrun": True, "skip_checkpont": False}
+    dr = load_dag("railyard_emergency").test(run_conf=conf)
+    assert dr.state == "failed" and states(dr)["plan"] == "failed"
+    assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
+    (row,) = [r for r in Ledger(f"sqlite:///{tmp}/ledger.db").audit_rows() if r["action"] == "emergency_invalid"]
+    for needle in ("'dryrun': not a field of the emergency form (did you mean 'dry_run'?)",
+                   "'skip_checkpont': not a field of the emergency form (did you mean 'skip_checkpoint'?)",
+                   "reason: String should have at most 1000 characters", "(1000014 characters)"):
+        assert needle in row["reason"], (needle, row["reason"][:2000])
+    assert len(row["reason"]) < 2000  # the megabyte is not stored
+
+
 def test_a_dry_run_plans_and_touches_nothing(train_env):
     _stack, fleet, tmp = train_env(config_with_hotfix())
     before = {h.name: (h.state, h.versions) for h in fleet.hosts()}

@@ -175,7 +175,11 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
     assert s.policy_due(fleet.now() - 5) == []  # holds no lease: no jobs of its own
     assert fleet.cli.writes[writes_before:] == []
 
-    # the dry run of the train DAG: the first task logs the plan, every stop skips
+    # the dry run of the train DAG: the first task logs the plan, every stop skips, and the run's end
+    # deletes no reservation that another run made ahead, and enforces no gate
+    fleet.reserve("other/run9/rack-a", ["rack-a", "rack-b"])
+    made = set(fleet.reservations())
+    assert made == {fleet._resv_name("rack-a"), fleet._resv_name("rack-b")}, made
     monkeypatch.setenv("RAILYARD_CONFIG", str(cfg_path))
     monkeypatch.setenv("RAILYARD_LEDGER_URL", f"sqlite:///{tmp_path}/state/ledger.db")
     monkeypatch.setenv("PATH", env["PATH"])
@@ -185,6 +189,8 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
     job = next(j for j in json.loads(cluster.cli("squeue", "--json").stdout)["jobs"] if str(j["job_id"]) == jid)
     # still on its nodes (SIGSTOPped: Slurm says STOPPED), never requeued by a read
     assert job["job_state"] in ("RUNNING", "STOPPED") and job["restart_cnt"] == 0, job
+    assert set(fleet.reservations()) == made
+    fleet.unreserve(["rack-a", "rack-b"])
     assert fleet.reservations() == {}
     assert not [n for n in json.loads(cluster.cli("sinfo", "--json").stdout)["nodes"] if n["state_flags"]]
 

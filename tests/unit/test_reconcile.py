@@ -125,13 +125,13 @@ def test_lease_release_refuses_while_hosts_are_out_and_sends_them_to_repair_when
     wait_checkpoints(s, clock)
     s.drain()
     with pytest.raises(ControlError, match="reason"):
-        release_lease(cfg, fleet, ledger, s.op_id, reason="", actor="alice")
+        release_lease(cfg, fleet, ledger, s.op_id, reason="", actor="alice", runs=Runs({}))
     with pytest.raises(ControlError, match=r"4 host\(s\) out of service: ha1 \(drained\).*--to-repair"):
-        release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice")
+        release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice", runs=Runs({}))
     assert sorted(ledger.holdings(s.op_id)) == ["ha1", "ha2", "ha3", "ha4"]  # nothing touched
     refused = [a for a in ledger.audit_rows(s.op_id) if a["action"] == "lease_release_refused"]
     assert refused and refused[0]["actor"] == "alice"
-    out = release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice",
+    out = release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice", runs=Runs({}),
                         to_repair=True)
     assert out["to_repair"] == ["ha1", "ha2", "ha3", "ha4"]
     assert not ledger.holdings(s.op_id) and ledger.operation(s.op_id)["state"] == "done"
@@ -140,16 +140,16 @@ def test_lease_release_refuses_while_hosts_are_out_and_sends_them_to_repair_when
         assert ledger.holdings()[h.name] == f"repair/{h.name}/{s.op_id}"
     settle(ledger, fleet)
     with pytest.raises(ControlError, match="holds no host"):
-        release_lease(cfg, fleet, ledger, s.op_id, reason="once more with feeling", actor="alice")
+        release_lease(cfg, fleet, ledger, s.op_id, reason="once more with feeling", actor="alice", runs=Runs({}))
     with pytest.raises(ControlError, match="no such operation"):
-        release_lease(cfg, fleet, ledger, "t/nope/pod-z", reason="once more with feeling", actor="alice")
+        release_lease(cfg, fleet, ledger, "t/nope/pod-z", reason="once more with feeling", actor="alice", runs=Runs({}))
 
 
 def test_lease_release_of_serving_hosts_releases_and_is_audited_with_the_user(tmp_path):
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()
     assert s.take().granted  # taken, never drained: every host still serving
-    out = release_lease(cfg, fleet, ledger, s.op_id, reason="train retired before it started", actor="bob")
+    out = release_lease(cfg, fleet, ledger, s.op_id, reason="train retired before it started", actor="bob", runs=Runs({}))
     assert out["released"] == ["ha1", "ha2", "ha3", "ha4"] and out["to_repair"] == []
     (rel,) = [a for a in ledger.audit_rows(s.op_id) if a["action"] == "release"]
     assert rel["actor"] == "bob" and "train retired" in rel["reason"]

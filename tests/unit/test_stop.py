@@ -221,7 +221,7 @@ def test_failed_hosts_go_to_a_repair_operation(tmp_path):
     # failure buffer (2 hosts): the next domain is refused and the train must stop
     assert ledger.holdings(s.op_id) == {}
     d = stop("pod-b", "t/run1/pod-b").take()
-    assert d.outcome == "stop" and "4 hosts broken or in repair > budget 2" in d.reason
+    assert d.outcome == "stop" and "4 hosts broken, in repair or out with no lease > budget 2" in d.reason
     # repairs are single hosts, not a domain out: the simulator does not count them either
     assert fleet.capacity().domains_out == []
 
@@ -359,7 +359,7 @@ def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
     s.check()
     s.return_hosts()
     gate = lambda: gate_repaired(cfg, fleet, ledger, sleep=clock.advance, clock=clock, say=lambda m: None)  # noqa: E731
-    assert gate() == {"returned": [], "failed_gate": [], "still_in_repair": ["ha1", "ha2", "ha3", "ha4"]}
+    assert gate() == {"returned": [], "failed_gate": [], "still_in_repair": ["ha1", "ha2", "ha3", "ha4"], "errors": {}}
     fleet.repaired("ha1")  # the repair team is done with one host
     fleet.settings(upgrade_fail_rate=0.0, check_fail_rate=0.0)
     out = gate()

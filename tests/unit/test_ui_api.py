@@ -26,9 +26,23 @@ class Clock:
         return self.t
 
 
+class GoneRuns:
+    """Airflow knows the DAGs; every run asked of it has ended (`states` says otherwise per run id)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, str] = {}
+
+    def dag_known(self, dag_id: str) -> bool:
+        return True
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        return self.states.get(run_id)
+
+
 class FixedSources:
     def __init__(self, config, fleet, ledger) -> None:  # noqa: ANN001
         self.config, self.fleet, self.ledger = config, fleet, ledger
+        self.runs = GoneRuns()
 
     def schedule(self) -> dict:
         """What Airflow's metadata DB says of the train DAGs (tests/e2e/test_ui_page.py reads a real one)."""
@@ -236,3 +250,31 @@ def test_capacity_over_time_comes_from_the_ledger_when_the_fleet_keeps_none(worl
 
 def client_of(cfg, fleet, ledger) -> TestClient:  # noqa: ANN001
     return TestClient(ui_app.create_app(FixedSources(cfg, fleet, ledger)))
+
+
+def test_controls_keep_to_allowed_users_cap_the_reason_and_audit_a_refusal_once(tmp_path, auth) -> None:
+    data = small_config(domains=3, hosts_per_domain=4)
+    data["emergency"] = {"allowed_users": ["admin-1"]}
+    cfg = parse_config(data)
+    ledger = Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    client = TestClient(ui_app.create_app(FixedSources(cfg, SimEngine(cfg, None, clock=Clock()), ledger)))
+    # "user-1" may trigger DAGs in Airflow, but is not in emergency.allowed_users: refused as by the emergency DAG
+    client.app.state.may_act = lambda user: True
+    r = client.post("/api/freeze", json={"on": True, "reason": "user tries to freeze"}, headers=as_(auth, "user"))
+    assert r.status_code == 403 and "emergency.allowed_users" in r.text, r.text
+    assert ledger.switch("freeze") is None
+    # a reason of a megabyte: refused by length, said in a short message, never stored
+    huge = "x" * 1_000_000
+    r = client.post("/api/freeze", json={"on": True, "reason": huge}, headers=as_(auth, "admin"))
+    assert r.status_code == 422 and "at most 1000 characters" in r.text and len(r.text) < 1000, r.text[:300]
+    assert ledger.switch("freeze") is None
+    assert all(len(a["reason"]) < 1000 for a in ledger.audit_rows())
+    # a script retrying a refused call: audited once, not once a call
+    for _ in range(50):
+        assert client.post("/api/freeze", json={"on": True, "reason": "user tries again"},
+                           headers=as_(auth, "user")).status_code == 403
+    refused = [a for a in ledger.audit_rows() if a["action"] == "ui_refused" and a["actor"] == "user-1"]
+    assert len(refused) == 1, refused
+    r = client.post("/api/freeze", json={"on": True, "reason": "admin freezes for the upgrade"},
+                    headers=as_(auth, "admin"))
+    assert r.status_code == 200 and ledger.switch("freeze") is not None

@@ -411,6 +411,19 @@ class SlurmFleet:
             wrote = True
         return self._nodes() if wrote else nodes
 
+    def forget(self, hosts: list[str], op: str) -> list[str]:
+        """`op` lets go of these nodes without returning them (someone else drained them mid-stop, or they
+        failed): their record ends with the lease, so the gate never drains them again under `op` once
+        their owner resumes them. Returns the nodes forgotten."""
+        gone = []
+        for h in self._check_hosts(hosts):
+            rec = self._record(h)
+            if rec and rec.get("op") == op and rec.get("phase") == "held":
+                self._drop_record(h)
+                self._note("forgotten", node=h, op=op)
+                gone.append(h)
+        return gone
+
     def tend(self, hosts: list[str], op: str) -> list[str]:
         """What the stop's waiting steps call every few seconds (`Stop._wait`): the health gate, so a
         drain or a resume that a restarted controller lost is put back while the stop waits."""

@@ -3,7 +3,11 @@
 - Host keys are pinned: only keys in the given known_hosts are accepted; an unknown or changed key
   is refused before authentication, so no command ever reaches a host we cannot identify.
 - Explicit connect and command timeouts; retries on connection errors only (a command that
-  started is never re-sent by the transport layer: every step is idempotent one level up).
+  started is never re-sent by the transport layer: every step is idempotent one level up). A command's
+  deadline covers the whole exchange, the exec request's answer included (paramiko waits for that one
+  for ever): a host that stops answering mid-command has its connection closed at the deadline, and
+  the call ends with `CommandTimeout`. Connections send SSH keepalives and use TCP keepalives, so a
+  partitioned host's connection dies in about a minute, not at the kernel's two-hour default.
 - Installs run detached on the host under `flock`, one driver per operation, with an exit status
   and a log per component in `<work_dir>/<op-hash>/`. Launching again is always safe: a second
   driver finds the lock held and exits 75, and a finished step is never repeated, so a retried task
@@ -39,6 +43,27 @@ log = logging.getLogger("railyard.ssh")
 T = TypeVar("T")
 MAX_OUTPUT = 1 << 20
 LOCK_BUSY = 75
+KEEPALIVE_S = 15  # an SSH keepalive this often on an idle connection
+TCP_KEEPALIVE = (30, 10, 3)  # idle seconds, probe interval, probes: a silent peer is dropped after ~60 s
+
+
+def keep_alive(client: paramiko.SSHClient) -> None:
+    """SSH and TCP keepalives on a connected client (see the module's notes)."""
+    import socket
+
+    tr = client.get_transport()
+    if tr is None:
+        return
+    tr.set_keepalive(KEEPALIVE_S)
+    sock = tr.sock
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle, interval, count = TCP_KEEPALIVE
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+    except (OSError, AttributeError):  # not a TCP socket (a proxy command): the SSH keepalive only
+        pass
 
 
 class HostKeyRefused(RunnerError):
@@ -211,6 +236,7 @@ class SshRunner:
                 self._clients.pop(t.name, None)
             self.connects += 1
             c = self._connect(t)
+            keep_alive(c)
             self._clients[t.name] = c
             return c
 
@@ -244,6 +270,18 @@ class SshRunner:
         chan.set_combine_stderr(True)
         chan.settimeout(min(timeout, 5.0))
         buf = bytearray()
+        tr = chan.get_transport()
+        expired = threading.Event()
+
+        def give_up() -> None:  # the only way out of a wait paramiko does not bound (the exec request's answer)
+            expired.set()
+            log.warning("%s: no answer within %.0fs; closing its connection", host, timeout)
+            if tr is not None:
+                tr.close()
+
+        watchdog = threading.Timer(timeout + 1.0, give_up)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             chan.exec_command(command)
             while True:
@@ -262,8 +300,11 @@ class SshRunner:
                     raise CommandTimeout(f"{host}: command did not finish within {timeout:.0f}s")
             rc = chan.recv_exit_status()
         except (OSError, EOFError, paramiko.SSHException) as exc:
+            if expired.is_set():
+                raise CommandTimeout(f"{host}: no answer within {timeout:.0f}s (connection closed)") from None
             raise RunnerError(f"{host}: connection lost during a command: {type(exc).__name__}: {exc}") from None
         finally:
+            watchdog.cancel()
             chan.close()
         return rc, buf.decode(errors="replace")
 

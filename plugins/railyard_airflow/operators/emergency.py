@@ -21,7 +21,10 @@ class EmergencyPlanOperator(FleetOperator):
         led = ledger(cfg.ledger.url)
         run_id = context["run_id"]
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "unknown"
-        params = dict(context.get("params") or {})
+        # the form as given: the params, and every key of the run's conf (a key the form does not have is
+        # refused by name in parse_request, never dropped)
+        conf = getattr(context.get("dag_run"), "conf", None) or {}
+        params = {**dict(context.get("params") or {}), **(conf if isinstance(conf, dict) else {})}
         allowed = cfg.emergency.allowed_users
         if allowed is not None and user not in allowed:
             led.note(emergency_run_op(run_id), "emergency_refused", [], f"{user} may not run emergency trains",

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.reconcile import reconcile
+from railyard.reconcile import reconcile, run_state_name
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator
 
@@ -30,7 +30,7 @@ class TaskSdkRuns:
 
         if RuntimeTaskInstance.get_dr_count(dag_id=dag_id, run_ids=[run_id]) == 0:
             return None
-        return str(RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id))
+        return run_state_name(RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id))
 
 
 class ReconcileOperator(FleetOperator):

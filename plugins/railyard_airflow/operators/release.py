@@ -23,8 +23,9 @@ class ReleaseActionOperator(FleetOperator):
         params = dict(context.get("params") or {})
         rollout = Rollout(cfg, ledger(cfg.ledger.url))
         try:
+            # the run id as the action's key: a cleared and re-run task does not promote twice
             st = rollout.act(str(params.get("action")), str(params.get("release")), reason=params.get("reason") or "",
-                             actor=user, now=self.hook.get_conn().now())
+                             actor=user, now=self.hook.get_conn().now(), key=str(context["run_id"]))
         except ReleaseError as exc:
             raise AirflowFailException(f"release form refused, nothing changed: {exc}") from None
         for r in rollout.table():

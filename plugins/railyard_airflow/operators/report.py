@@ -71,6 +71,9 @@ class EndRunOperator(FleetOperator):
     def execute(self, context: Any) -> list[str]:
         from railyard.stop import end_run
 
+        if (context.get("params") or {}).get("dry_run"):  # a dry run touched nothing, and ends nothing
+            self.log.info("dry run: no gate enforced, no reservation deleted")
+            return []
         cfg = self.cfg()
         gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), ledger(cfg.ledger.url))
         self.log.info("reservations deleted at the end of the run: %s", ", ".join(gone) or "none")

@@ -42,14 +42,12 @@ class _StopSensor(BaseSensorOperator, StopTaskMixin):
 
 
 def shareable_url(url: str) -> str | None:
-    """A ledger URL fit for trigger kwargs: as is without a password; None (the trigger then resolves the
-    ledger from the config and RAILYARD_LEDGER_URL, as the task did) when it holds one."""
-    from sqlalchemy.engine import make_url
+    """A ledger URL fit for trigger kwargs: as is without a credential; None (the trigger then resolves the
+    ledger from the config and RAILYARD_LEDGER_URL, as the task did) when it holds one (a password, a
+    `?password=`), or cannot be parsed."""
+    from railyard.ledger import has_credentials
 
-    try:
-        return None if make_url(url).password else url
-    except Exception:  # unparsable: do not ship it
-        return None
+    return None if has_credentials(url) else url
 
 
 class BufferCapacitySensor(_StopSensor):

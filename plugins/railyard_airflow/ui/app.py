@@ -10,6 +10,8 @@ refusal lands in the ledger's audit with the Airflow user.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,6 +27,27 @@ log = logging.getLogger("railyard.ui")
 STATIC = Path(__file__).parent / "static"
 CONTROL_DAG = "railyard_emergency"  # acting on the fleet takes the right to trigger Railyard's DAGs
 MIN_REASON = 10
+MAX_REASON = 1000  # as the emergency form's free text (railyard.emergency.MAX_TEXT)
+REFUSAL_EVERY_S = 60.0
+
+
+class Refusals:
+    """Refused controls are audited at most once a minute per user and kind (a script retrying a refused
+    call must not grow the audit without bound); the rest are counted in the next row."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def first(self, user: str, kind: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get((user, kind), float("-inf")) < REFUSAL_EVERY_S:
+                return False
+            if len(self._last) > 10_000:  # never a leak either
+                self._last.clear()
+            self._last[(user, kind)] = now
+            return True
 
 
 class Sources:
@@ -46,6 +69,10 @@ class Sources:
     def fleet(self) -> Any:
         return _fleet(self.config.fleet.connection)
 
+    @property
+    def runs(self) -> MetadataRuns:
+        return MetadataRuns()
+
     def schedule(self) -> dict[str, dict[str, Any]]:
         """Per train DAG, from Airflow's metadata DB: paused or not, and when its next scheduled run is due
         (None for a DAG without a schedule, or not parsed yet)."""
@@ -61,6 +88,29 @@ class Sources:
                                    .where(DagModel.dag_id.in_(ids))).all()
         return {d: {"paused": bool(paused), "next_run": at.isoformat() if at is not None else None}
                 for d, paused, at in rows}
+
+
+class MetadataRuns:
+    """RunOracle over Airflow's metadata DB, from inside the api-server: does a DAG exist, and a run's state."""
+
+    def dag_known(self, dag_id: str) -> bool:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            return session.scalar(select(DagModel.dag_id).where(DagModel.dag_id == dag_id)) is not None
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        from railyard.reconcile import run_state_name
+
+        with create_session() as session:
+            state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        return None if state is None else run_state_name(state)
 
 
 @lru_cache(maxsize=2)
@@ -118,18 +168,36 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     def src(request: Request) -> Sources:
         return request.app.state.sources  # type: ignore[no-any-return]
 
+    refusals = Refusals()
+
     def control(request: Request, user: Any, what: str, reason: str) -> tuple[Sources, str]:
-        """A control's gate: the user's right to act, then the reason. Refusals are audited."""
+        """A control's gate: the user's right to act (Airflow's, and `emergency.allowed_users` as for the
+        emergency DAG), then the reason. Refusals are audited, once a minute per user and kind at most."""
         s = src(request)
         name = user_name(user)
+
+        def refuse(code: int, kind: str, note: str, message: str) -> HTTPException:
+            if refusals.first(name, f"{kind}:{what.split()[0]}"):
+                s.ledger.note(None, "ui_refused", [], f"{what}: {note} (HTTP {code})", actor=name)
+            return HTTPException(code, message)
+
         if not request.app.state.may_act(user):
-            s.ledger.note(None, "ui_refused", [], f"{what}: {name} may not trigger Railyard DAGs (HTTP 403): "
-                          f"{reason.strip()[:200]}", actor=name)
-            raise HTTPException(403, f"{name} may not act on Railyard: it takes the permission to trigger "
-                                     f"Railyard DAGs ({CONTROL_DAG})")
-        if len(reason.strip()) < MIN_REASON:
-            s.ledger.note(None, "ui_refused", [], f"{what}: no reason (HTTP 422)", actor=name)
-            raise HTTPException(422, f"reason: say why in at least {MIN_REASON} characters (value: {reason!r})")
+            raise refuse(403, "permission", f"{name} may not trigger Railyard DAGs: {reason.strip()[:200]}",
+                         f"{name} may not act on Railyard: it takes the permission to trigger Railyard DAGs "
+                         f"({CONTROL_DAG})")
+        allowed = s.config.emergency.allowed_users
+        if allowed is not None and name not in allowed:
+            raise refuse(403, "allowed_users", f"{name} is not in emergency.allowed_users: {reason.strip()[:200]}",
+                         f"{name} may not act on Railyard: not in emergency.allowed_users")
+        from railyard.emergency import shown
+
+        text = reason.strip()
+        if len(text) < MIN_REASON:
+            raise refuse(422, "reason", "no reason",
+                         f"reason: say why in at least {MIN_REASON} characters (value: {shown(reason)})")
+        if len(text) > MAX_REASON:
+            raise refuse(422, "reason", f"a reason of {len(text)} characters",
+                         f"reason: at most {MAX_REASON} characters (value: {shown(reason)})")
         return s, name
 
     @app.get("/", include_in_schema=False)
@@ -209,7 +277,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
         s, name = control(request, user, f"lease release {body.op}", body.reason)
         try:
             return release_lease(s.config, s.fleet, s.ledger, body.op, reason=body.reason.strip(), actor=name,
-                                 to_repair=body.to_repair)
+                                 to_repair=body.to_repair, runs=s.runs)
         except ControlError as exc:
             raise HTTPException(409, str(exc)) from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
+import requests
 
 from railyard.ledger import Ledger
 from railyard.models import BROKEN_STATES, HostState
@@ -103,3 +104,45 @@ def test_ended_runs_with_leases_are_finished_by_the_scheduled_reconciler(stack):
         assert h.state == HostState.SERVING or h.state in BROKEN_STATES, h
     assert all(op.startswith("repair/") for op in led.holdings().values()), led.holdings()
     assert fleet.audit()["unverified_returns"] == []
+
+
+def test_every_api_call_that_changes_a_railyard_run_is_audited_by_the_real_api_server(stack):
+    """Through the api-server's own routes: a task group's state, a bulk change of task instances, a clear of
+    runs, a backfill, a pause, a `~` wildcard call and a run's deletion each leave a row with the user."""
+    dag = "railyard_train_ends-failed"
+    run = stack.trigger(dag, {"dry_run": True})  # touches nothing
+    stack.wait_run(dag, run, timeout=300)
+    led = Ledger(f"sqlite:///{stack.home}/ledger.db")
+    before = led.audit_count()
+    r = quote(run)
+    calls = [
+        ("PATCH", f"/dags/{dag}/dagRuns/{r}/taskGroupInstances/pod-a", {"new_state": "success"}, "api_set_group_state"),
+        ("PATCH", f"/dags/{dag}/dagRuns/{r}/taskInstances",
+         {"actions": [{"action": "update", "entities": [{"task_id": "pod-a.upgrade", "new_state": "success"}]}]},
+         "api_set_task_state"),
+        ("POST", f"/dags/{dag}/clearDagRuns", {"dry_run": False, "dag_run_ids": [run]}, "api_clear"),
+        ("POST", "/backfills", {"dag_id": dag, "from_date": "2026-01-01T00:00:00Z", "to_date": "2026-01-02T00:00:00Z",
+                                "max_active_runs": 1, "reprocess_behavior": "none", "run_backwards": False,
+                                "dag_run_conf": {}}, "api_backfill"),
+        ("PATCH", f"/dags/{dag}", {"is_paused": True}, "api_patch_dag"),
+        ("PATCH", "/dags/~/dagRuns/~/taskInstances",
+         {"actions": [{"action": "update", "entities": [{"task_id": "pod-a.upgrade", "new_state": "failed"}]}]},
+         "api_set_task_state"),
+        ("DELETE", f"/dags/{dag}/dagRuns/{r}", None, "api_delete_run"),
+    ]
+    statuses = {}
+    for method, path, body, _action in calls:
+        url = f"{stack.api}/api/v2{path}"
+        resp = requests.request(method, url, json=body, timeout=30,
+                                headers={"Authorization": f"Bearer {stack.token()}"})
+        statuses[(method, path)] = resp.status_code
+    rows = [a for a in led.audit_rows(limit=100000) if a["action"].startswith("api_")]
+    assert led.audit_count() > before
+    for method, path, _body, action in calls:
+        want = f"HTTP {statuses[(method, path)]}"
+        hit = [a for a in rows if a["action"] == action and a["actor"] == "admin" and want in a["reason"]]
+        assert hit, (method, path, action, statuses[(method, path)], [(a["action"], a["reason"]) for a in rows][-12:])
+    assert statuses[("DELETE", f"/dags/{dag}/dagRuns/{r}")] in (200, 204), statuses
+    assert any(a["action"] == "api_delete_run" and f"run={run}" in a["reason"] for a in rows)
+    assert any(a["action"] == "api_backfill" and f"dag={dag}" in a["reason"] for a in rows)
+    stack.rest("PATCH", f"/dags/{dag}", json={"is_paused": False})

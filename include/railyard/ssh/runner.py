@@ -55,7 +55,7 @@ def keep_alive(client: paramiko.SSHClient) -> None:
     if tr is None:
         return
     tr.set_keepalive(KEEPALIVE_S)
-    sock = tr.sock
+    sock: Any = tr.sock  # a socket, or a proxy command's channel (no TCP options)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         idle, interval, count = TCP_KEEPALIVE

@@ -47,9 +47,10 @@ def cmd_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fleet(args: argparse.Namespace, cfg: RailyardConfig) -> Fleet:
+def _fleet(args: argparse.Namespace, cfg: RailyardConfig, *, read_only: bool = False) -> Fleet:
     """The config's fleet: `http` at --fleet-url, RAILYARD_FLEET_URL or the simulator's port; `ssh` and
-    `slurm` from the config, nodes reached with fleet.ssh's user, key_file and known_hosts."""
+    `slurm` from the config, nodes reached with fleet.ssh's user, key_file and known_hosts. `read_only`
+    (plan, drift): an SSH fleet reads the database as the workers left it, and reaches no host."""
     import os
 
     backend = cfg.fleet.backend
@@ -61,6 +62,8 @@ def _fleet(args: argparse.Namespace, cfg: RailyardConfig) -> Fleet:
         from railyard.ssh.fleet import SshFleet
         from railyard.ssh.runner import Credentials, paramiko_connector
 
+        if read_only:
+            return SshFleet.reader(cfg)
         ssh = cfg.fleet.ssh
         if ssh is None:  # refused by validation; kept for the type checker
             raise FleetError("fleet.ssh: required when fleet.backend is 'ssh'")
@@ -100,7 +103,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             print(f"release {args.action}: name the release (value: None)", file=sys.stderr)
             return 2
         try:
-            now = _fleet(args, cfg).now()
+            now = _fleet(args, cfg, read_only=True).now()
         except FleetError:
             now = time.time()  # the fleet is not reachable: phase start on the wall clock
         try:
@@ -130,7 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"plan: {exc.args[0]}", file=sys.stderr)
         return 2
-    p = plan_train(cfg, train, _fleet(args, cfg), Ledger(cfg.ledger.url))
+    p = plan_train(cfg, train, _fleet(args, cfg, read_only=True), Ledger(cfg.ledger.url))
     print(json.dumps(p, indent=1) if args.json else describe_plan(p))
     return 3 if p["violations"] else 0
 
@@ -142,7 +145,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from railyard.releases import describe_drift, drift, drift_chart
 
     cfg = load_config(args.config)
-    fleet = _fleet(args, cfg)
+    fleet = _fleet(args, cfg, read_only=True)
     d = drift(cfg, fleet.hosts(), fleet.now())
     print(json.dumps(d, indent=1) if args.json else describe_drift(d))
     if args.png:
@@ -172,11 +175,40 @@ def cmd_host(args: argparse.Namespace) -> int:
     from railyard.ops import describe_host
 
     cfg = load_config(args.config)
+    words = list(args.host)
+    if words[0] == "repaired":
+        return _host_repaired(args, cfg, words[1:])
+    if len(words) != 1:
+        print(f"host: name one host, or `host repaired HOST --reason ...` (value: {' '.join(words)!r})",
+              file=sys.stderr)
+        return 2
+    args.host = words[0]
     if args.host not in cfg.host_domain():
         print(f"host: {args.host!r} is not a host of the config", file=sys.stderr)
         return 2
     h = Ledger(cfg.ledger.url).host_history(args.host)
     print(json.dumps(h, indent=1, default=str) if args.json else describe_host(h))
+    return 0
+
+
+def _host_repaired(args: argparse.Namespace, cfg: RailyardConfig, words: list[str]) -> int:
+    """`railyard host repaired HOST --reason ...`: hand a failed or in-repair host to the repair gate (audited)."""
+    import getpass
+
+    from railyard.ledger import Ledger
+    from railyard.ops import ControlError, mark_repaired
+
+    if len(words) != 1:
+        print("host repaired: name one host (value: " + repr(" ".join(words)) + ")", file=sys.stderr)
+        return 2
+    try:
+        out = mark_repaired(cfg, _fleet(args, cfg), Ledger(cfg.ledger.url), words[0], reason=args.reason or "",
+                            actor=args.actor or getpass.getuser())
+    except ControlError as exc:
+        print(f"host repaired: {exc}", file=sys.stderr)
+        return 2
+    print(f"{out['host']}: marked repaired under {out['op']}; the repair gate (railyard_repairs) upgrades, "
+          "checks and returns it")
     return 0
 
 
@@ -367,9 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--config", help=cfg_help)
     o.set_defaults(func=cmd_ops)
 
-    hh = sub.add_parser("host", help="one host's record: lease, operations, checks with evidence, versions")
-    hh.add_argument("host")
+    hh = sub.add_parser("host", help="one host's record: lease, operations, checks with evidence, versions; "
+                        "`host repaired HOST --reason ...` hands a repaired host to the repair gate")
+    hh.add_argument("host", nargs="+", help="HOST, or: repaired HOST")
     hh.add_argument("--json", action="store_true")
+    hh.add_argument("--reason", help="host repaired: what was repaired (10+ characters; recorded in the audit)")
+    hh.add_argument("--actor", help="host repaired: who (default: the current user)")
+    hh.add_argument("--fleet-url", help=url_help)
     hh.add_argument("--config", help=cfg_help)
     hh.set_defaults(func=cmd_host)
 

@@ -514,8 +514,10 @@ class Ledger:
                 _run(c, [tuple(parts)], params)
             return drop
 
-    def lease_repair(self, op_id: str, host: str, *, domain: str, reason: str, actor: str = "railyard") -> bool:
-        """A repair takes one broken host that nobody holds; never refused for capacity (it adds none)."""
+    def lease_repair(self, op_id: str, host: str, *, domain: str, reason: str, actor: str = "railyard",
+                     detail: dict[str, Any] | None = None) -> bool:
+        """A repair takes one broken host that nobody holds; never refused for capacity (it adds none).
+        `detail` (the targets its gate brings it to) is recorded with the operation."""
         with self.engine.begin() as c:
             _lock(c)
             r = c.execute(select(leases.c.op_id).where(leases.c.host == host)).first()
@@ -525,7 +527,7 @@ class Ledger:
             if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is None:
                 c.execute(insert(operations).values(
                     id=op_id, kind="repair", train=None, domain=domain, state="active", created_at=now,
-                    updated_at=now, detail=json.dumps({"reason": reason})))
+                    updated_at=now, detail=json.dumps({"reason": reason, **(detail or {})})))
             c.execute(insert(leases).values(host=host, op_id=op_id, domain=domain, since=now, kind="repair"))
             _audit(c, actor, op_id, "lease", [host], f"repair: {reason}")
             return True

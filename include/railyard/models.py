@@ -45,12 +45,14 @@ class HostState(StrEnum):
     RETURNING = "returning"  # on its way back to service
     FAILED = "failed"  # broken by itself (counts against the failure buffer)
     REPAIR = "repair"  # offboarded to repair with a reason
+    UNKNOWN = "unknown"  # never seen answering (SSH: not reached yet): not serving, so it counts, like a broken one
 
 
 MAINTENANCE_STATES = frozenset(
     {HostState.DRAINING, HostState.DRAINED, HostState.UPGRADING, HostState.CHECKING, HostState.RETURNING}
 )
-BROKEN_STATES = frozenset({HostState.FAILED, HostState.REPAIR})
+# out of service, not by maintenance: never taken by a stop, counted against the failure buffer
+BROKEN_STATES = frozenset({HostState.FAILED, HostState.REPAIR, HostState.UNKNOWN})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=ConfigDict(extra="forbid"))
@@ -67,6 +69,7 @@ class Host:
     operation: str | None = None  # operation that took it out, if any
     reason: str | None = None  # why it is failed / in repair
     last_error: str | None = None  # last failed upgrade step, if any
+    seen_at: float | None = None  # when its state and versions were last read back from the host (SSH), if known
 
 
 class Job(Strict):

@@ -21,6 +21,7 @@ from railyard.models import BROKEN_STATES, HostState
 from railyard.reconcile import FINISHED, ReconcileError, RunOracle, owner_of, run_state_name, stop_for
 
 MIN_REASON = 10
+MAX_REASON = 1000
 
 
 class ControlError(RuntimeError):
@@ -70,6 +71,44 @@ def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: s
         forget(left, op_id)
     ledger.release(op_id, actor=actor, reason=f"released by hand: {reason}")
     return {"op": op_id, "released": left, "to_repair": sent}
+
+
+def mark_repaired(config: RailyardConfig, fleet: Fleet, ledger: Ledger, host: str, *, reason: str,
+                  actor: str) -> dict[str, Any]:
+    """`railyard host repaired`: a failed, unknown or in-repair host is handed to the repair gate (its repair
+    operation, or a new one at the targets of the first train that visits its domain). Audited. The host
+    comes back only through the gate's upgrade and deep check."""
+    reason = (reason or "").strip()
+    if not MIN_REASON <= len(reason) <= MAX_REASON:
+        raise ControlError(f"reason: say why in {MIN_REASON} to {MAX_REASON} characters "
+                           f"(value: {reason[:80]!r}{'...' if len(reason) > 80 else ''})")
+    domain = config.host_domain().get(host)
+    if domain is None:
+        raise ControlError(f"host: unknown host {host[:80]!r} (not in the config's domains)")
+    mark = getattr(fleet, "mark_repaired", None)
+    if mark is None:
+        raise ControlError(f"host repaired: the {config.fleet.backend} fleet reports repairs itself (the "
+                           "simulator: POST /hosts/HOST/repaired); the repair gate then picks the host up")
+    (h,) = fleet.hosts([host])
+    if h.state not in BROKEN_STATES:
+        raise ControlError(f"{host} is {h.state.value}: only a failed, unknown or in-repair host is marked repaired")
+    lease = ledger.host_history(host, limit=1)["lease"]
+    if lease is not None and lease["kind"] != "repair":
+        raise ControlError(f"{host} is held by {lease['op_id']} ({lease['kind']}): its stop finishes it first "
+                           "(`railyard lease release --to-repair` once its run has ended)")
+    if lease is not None:
+        op = str(lease["op_id"])
+    else:
+        trains = [t for t in sorted(config.trains, key=lambda t: t.id)
+                  if domain in {d.name for d in config.train_domains(t)}]
+        if not trains:
+            raise ControlError(f"{host}: no train visits {domain}, so no targets to bring it to")
+        op = f"repair/{host}/by-hand/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        ledger.lease_repair(op, host, domain=domain, reason=f"marked repaired by {actor}: {reason}", actor=actor,
+                            detail={"targets": config.train_targets(trains[0])})
+    mark(host, op, reason)
+    ledger.note(op, "repaired", [host], f"marked repaired by {actor}: {reason}", actor=actor)
+    return {"host": host, "op": op}
 
 
 def _refuse_if_run_alive(ledger: Ledger, op: dict[str, Any], held: list[str], reason: str, actor: str,

@@ -287,19 +287,30 @@ def _sessions(farm: SshdFarm, name: str) -> list:
     return psutil.Process(farm[name].proc.pid).children(recursive=True)
 
 
-def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(fresh):
+def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(tmp_path):
     """The host's sshd session is SIGSTOPped between the channel's open and the exec request's answer
     (paramiko waits for that answer with no bound), and again in the middle of a command: each call ends
-    with CommandTimeout within the command timeout, and the next call reconnects to the thawed host."""
-    from railyard.ssh.runner import CommandTimeout
+    with CommandTimeout within the command timeout, and the next call reconnects to the thawed host.
+    A farm of its own: no other test's sessions or drivers on it."""
+    import socket
+    import threading
 
-    r = runner(fresh)
-    r.command_timeout = 3.0
-    host = NAMES[0]
+    from railyard.ssh.runner import CommandTimeout, Target
+    from railyard.ssh.spec import HealthChecksSpec
+
+    host = "gpu-z01"
+    farm = SshdFarm(tmp_path / "sshd", [host]).start()
+    t = farm.hosts[host]
+
+    def make() -> SshRunner:
+        return SshRunner({host: Target(host, "127.0.0.1", t.port, str(t.work_dir), "h100")}, {}, HealthChecksSpec(),
+                         paramiko_connector(creds(farm), connect_timeout=5), command_timeout=3.0)
+
+    r = make()
     try:
         assert r.run(host, "echo up")[1].strip() == "up"  # a pooled connection with its session
         chan = r._clients[host].get_transport().open_session(timeout=5)
-        frozen = _sessions(fresh, host)
+        frozen = _sessions(farm, host)
         assert frozen
         for p in frozen:
             p.suspend()
@@ -311,31 +322,99 @@ def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(fresh):
             p.resume()
         assert r.run(host, "echo back")[1].strip() == "back"  # a fresh connection
         # frozen while the command runs: the read loop's deadline
-        frozen = _sessions(fresh, host)
         t0 = time.monotonic()
-        import threading
-
-        threading.Timer(0.5, lambda: [p.suspend() for p in _sessions(fresh, host)]).start()
+        threading.Timer(0.5, lambda: [p.suspend() for p in _sessions(farm, host)]).start()
         with pytest.raises(CommandTimeout):
             r.run(host, "sleep 1; echo late")
         assert time.monotonic() - t0 < 6
     finally:
-        for p in _sessions(fresh, host):
+        for p in _sessions(farm, host):
             try:
                 p.resume()
             except Exception:  # noqa: BLE001 - gone already
                 pass
         r.close()
-    tr = None
-    r2 = runner(fresh)
+    r2 = make()
     try:
         r2.run(host, "true")
         tr = r2._clients[host].get_transport()
-        import socket
-
         sock = tr.sock
         assert tr.packetizer._Packetizer__keepalive_interval == 15
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
     finally:
         r2.close()
+        farm.stop()
+
+
+def test_reads_never_reach_a_host_and_an_unreached_host_is_unknown_not_failed(fresh, tmp_path, monkeypatch):
+    """The page and `plan`/`drift` read the database only (a host no worker has seen is `unknown`); a worker
+    that cannot reach a host at first sight keeps it `unknown` and tries again, never failed for good."""
+    import railyard.ssh.fleet as ssh_fleet
+    from railyard.state import ssh_hosts
+
+    hosts = fresh.ssh_hosts_config()
+    hosts["gpu-a02"] = {**hosts["gpu-a02"], "port": 1}  # this worker has no route to it (yet)
+    cfg = parse_config(ssh_config(hosts, state_db=str(tmp_path / "fleet.db")))
+    reader = SshFleet.reader(cfg)
+    seen = reader.hosts()
+    assert {h.state for h in seen} == {HostState.UNKNOWN} and seen[0].reason == "not seen yet by a Railyard worker"
+    with reader.store.read() as c:
+        assert c.execute(ssh_hosts.select()).first() is None  # a read wrote nothing
+    with pytest.raises(FleetError, match="only reads the database"):
+        reader.drain(["gpu-a01"], "t/r/pod-a")
+    monkeypatch.setattr(ssh_fleet, "UNKNOWN_RETRY_S", 0.0)
+    worker = SshFleet.from_config(cfg, paramiko_connector(creds(fresh), connect_timeout=2))
+    try:
+        by = {h.name: h for h in worker.hosts(["gpu-a01", "gpu-a02"])}
+        assert by["gpu-a01"].state == HostState.SERVING and by["gpu-a01"].seen_at
+        assert by["gpu-a02"].state == HostState.UNKNOWN and "not reached yet" in by["gpu-a02"].reason
+        # what the reader shows now: the worker's read-back, with its time
+        r = {h.name: h for h in reader.hosts(["gpu-a01", "gpu-a02"])}
+        assert r["gpu-a01"].state == HostState.SERVING and r["gpu-a01"].versions == by["gpu-a01"].versions
+        assert r["gpu-a02"].state == HostState.UNKNOWN
+        # the route comes back: the next worker read sees it serving
+        cfg2 = parse_config(ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
+        worker2 = SshFleet.from_config(cfg2, paramiko_connector(creds(fresh), connect_timeout=2))
+        try:
+            assert worker2.hosts(["gpu-a02"])[0].state == HostState.SERVING
+        finally:
+            worker2.close()
+    finally:
+        worker.close()
+
+
+def test_a_repaired_ssh_host_comes_back_through_the_gate(fresh, tmp_path):
+    """`railyard host repaired`: a host offboarded to repair (or failed with no repair holding it) waits,
+    drained, for the repair gate, which checks and returns it; never straight back to service."""
+    from railyard.ops import ControlError, mark_repaired
+    from railyard.repair import gate_repaired
+    from railyard.stop import Stop
+
+    cfg = parse_config(ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
+    fleet = SshFleet.from_config(cfg, paramiko_connector(creds(fresh)))
+    led = Ledger(cfg.ledger.url)
+    try:
+        s = Stop(config=cfg, train=cfg.trains[0], domain=cfg.domain("pod-a"), op_id="demo/run1/pod-a", fleet=fleet,
+                 ledger=led, say=lambda m: None)
+        assert s.take().granted
+        s.drain()
+        s.upgrade()
+        s.offboard("gpu-a01", "health check failed: XID 79 (a test)")
+        s.check()
+        s.return_hosts()
+        assert fleet.hosts(["gpu-a01"])[0].state == HostState.REPAIR
+        with pytest.raises(ControlError, match="reason"):
+            mark_repaired(cfg, fleet, led, "gpu-a01", reason="ok", actor="tech")
+        with pytest.raises(ControlError, match="is serving"):
+            mark_repaired(cfg, fleet, led, "gpu-a02", reason="swapped the GPU tray", actor="tech")
+        out = mark_repaired(cfg, fleet, led, "gpu-a01", reason="swapped the GPU tray", actor="tech")
+        assert out["op"] == f"repair/gpu-a01/{s.op_id}"
+        assert fleet.hosts(["gpu-a01"])[0].state == HostState.DRAINED  # not serving: the gate decides
+        got = gate_repaired(cfg, fleet, led, say=lambda m: None)
+        assert got["returned"] == ["gpu-a01"], got
+        h = fleet.hosts(["gpu-a01"])[0]
+        assert h.state == HostState.SERVING and h.versions == cfg.train_targets(cfg.trains[0])
+        assert any(a["action"] == "repaired" and a["actor"] == "tech" for a in led.audit_rows(out["op"]))
+    finally:
+        fleet.close()

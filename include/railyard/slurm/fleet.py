@@ -664,6 +664,18 @@ class SlurmFleet:
                      f"reason={self.prefix} repair op={op_token(op)}: {_text(reason)}")
         self._drop_record(host)
 
+    def mark_repaired(self, host: str, op: str, reason: str) -> None:
+        """Someone repaired a node Railyard sent to repair, or one that failed or was drained by someone else:
+        it stays drained, now under the repair `op` (its reason Railyard's), and waits for the repair gate.
+        Never resumed from here."""
+        self._check_hosts([host])
+        node = self.enforce_gate().get(host)
+        if node is None:
+            raise FleetNotFound(f"{host} is not known to Slurm")
+        self.cli.run("scontrol", "update", f"nodename={host}", "state=drain", f"reason={self.reason_for(op)}")
+        self._set_record(host, op=op, phase="held", domain=self.domain_of[host], since=self.now())
+        self._note("repaired", node=host, op=op, reason=_text(reason))
+
     def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
         """Hosts drained by `from_op` pass to `to_op` without being resumed in between.
 

@@ -29,10 +29,18 @@ log = logging.getLogger("railyard.ssh")
 Row = RowMapping
 
 
-class SshFleet:
-    """A `Fleet` over the hosts of `config.fleet.ssh`, driven through `runner`; state in `store`."""
+UNKNOWN_RETRY_S = 30.0  # a host not reached at first sight is tried again by a worker's read at most this often
 
-    def __init__(self, config: RailyardConfig, runner: SshRunner, store: Store | None = None,
+
+class SshFleet:
+    """A `Fleet` over the hosts of `config.fleet.ssh`, driven through `runner`; state in `store`.
+
+    `runner=None` is a reader (the Railyard page, `railyard plan`, `drift`, `ops`, `host`): it reads host
+    states and versions from the database only, as the workers last read them back, and never reaches a
+    host; a host no worker has seen yet is `unknown`. Only a fleet with a runner (the workers') reaches
+    hosts: at first sight, to poll work in flight, and for every write."""
+
+    def __init__(self, config: RailyardConfig, runner: SshRunner | None, store: Store | None = None,
                  *, grace_s: float = 300.0):
         ssh = config.fleet.ssh
         if ssh is None:
@@ -52,8 +60,21 @@ class SshFleet:
     def __repr__(self) -> str:
         return f"SshFleet({len(self.domain_of)} hosts, state in the ledger's database)"
 
+    @classmethod
+    def reader(cls, config: RailyardConfig, store: Store | None = None) -> SshFleet:
+        """A fleet that only reads the database (see the class); every write refuses."""
+        return cls(config, None, store)
+
+    @property
+    def run(self) -> SshRunner:
+        if self.runner is None:
+            raise FleetError("this SSH fleet only reads the database (the Railyard page, plan, drift): "
+                             "it never reaches a host")
+        return self.runner
+
     def close(self) -> None:
-        self.runner.close()
+        if self.runner is not None:
+            self.runner.close()
 
     # ---- storage ------------------------------------------------------------------------------
     def _rows(self, names: list[str] | None) -> dict[str, Row]:
@@ -89,23 +110,36 @@ class SshFleet:
 
     # ---- observing: first sight, version refresh, polling work in flight ------------------------
     def _first_sight(self, names: list[str]) -> None:
+        """Hosts never seen, and hosts not reached yet (`unknown`, tried again every UNKNOWN_RETRY_S): a host
+        that answers is serving at the versions it reports; one that does not stays `unknown`, never failed
+        for good (it may be this worker's route or key, not the host)."""
         known = self._rows(None)
-        new = [n for n in names if n not in known]
+        now = time.time()
+        new = [n for n in names if n not in known or (known[n]["state"] == HostState.UNKNOWN
+                                                     and now - known[n]["since"] >= UNKNOWN_RETRY_S)]
         if not new:
             return
-        found = self.runner.fan_out(new, self.runner.versions)
+        found = self.run.fan_out(new, self.run.versions)
         now = time.time()
         with self.store.write() as c:
             for n in new:
-                if self._row(c, n) is not None:
+                row = self._row(c, n)
+                if row is not None and row["state"] != HostState.UNKNOWN:
                     continue  # another worker saw it first
                 v = found[n]
-                state, reason = (HostState.SERVING, None) if not isinstance(v, BaseException) else (HostState.FAILED, f"unreachable: {v}")
-                c.execute(insert(ssh_hosts).values(
-                    name=n, domain=self.domain_of[n], sku=self.sku_of[n], state=str(state), reason=reason,
-                    versions=json.dumps(v if isinstance(v, dict) else {}), versions_at=now if isinstance(v, dict) else 0,
-                    since=now))
-                self._event(c, n, None, str(state), None, reason or "first sight")
+                if isinstance(v, dict):
+                    state, reason = HostState.SERVING, None
+                else:
+                    state, reason = HostState.UNKNOWN, f"not reached yet: {v}"[:1000]
+                values = dict(state=str(state), reason=reason, versions=json.dumps(v if isinstance(v, dict) else {}),
+                              versions_at=now if isinstance(v, dict) else 0, since=now)
+                if row is None:
+                    c.execute(insert(ssh_hosts).values(name=n, domain=self.domain_of[n], sku=self.sku_of[n], **values))
+                    self._event(c, n, None, str(state), None, reason or "first sight")
+                else:
+                    c.execute(update(ssh_hosts).where(ssh_hosts.c.name == n).values(**values))
+                    if state != HostState.UNKNOWN:
+                        self._event(c, n, str(row["state"]), str(state), None, "first answer")
 
     def _poll(self, rows: dict[str, Row]) -> None:
         now = time.time()
@@ -119,12 +153,12 @@ class SshFleet:
         def work(n: str) -> tuple[str, Any]:
             st = rows[n]["state"]
             if st == HostState.SERVING:
-                return "versions", self.runner.versions(n)
+                return "versions", self.run.versions(n)
             if st == HostState.UPGRADING:
                 return "upgrade", self._poll_upgrade(rows[n])
             return "check", self._poll_check(rows[n])
 
-        results = self.runner.fan_out(stale + upgrading + checking, work)
+        results = self.run.fan_out(stale + upgrading + checking, work)
         with self.store.write() as c:
             for n, res in results.items():
                 r = self._row(c, n)
@@ -149,7 +183,7 @@ class SshFleet:
         log.warning("%s: poll failed: %s", r["name"], exc)
         if r["state"] == HostState.UPGRADING:
             steps = [Step.model_validate(s) for s in json.loads(r["steps"] or "[]")]
-            budget = sum(self.runner.components[s.component].timeout_s for s in steps) + self.grace_s
+            budget = sum(self.run.components[s.component].timeout_s for s in steps) + self.grace_s
             if now - r["since"] > budget:
                 self._set(c, r["name"], "upgrade lost", state=HostState.DRAINED,
                           last_error=f"no answer from the host for {budget:.0f}s during the upgrade: {exc}")
@@ -159,17 +193,17 @@ class SshFleet:
 
     def _poll_upgrade(self, r: Row) -> dict[str, Any] | None:
         name, op = r["name"], r["operation"]
-        st = self.runner.upgrade_state(name, op)
+        st = self.run.upgrade_state(name, op)
         if st.status == "running":
             return None
         if st.status == "idle":  # never launched, or the driver died: `tend` (a write step) launches again
             return None
-        return {"status": st.status, "error": st.error, "versions": self.runner.versions(name)}
+        return {"status": st.status, "error": st.error, "versions": self.run.versions(name)}
 
     def _poll_check(self, r: Row) -> dict[str, Any] | None:
         name, op = r["name"], r["operation"]
         expected = json.loads(r["expected"] or "{}")
-        v = self.runner.verdicts(name, expected, op)
+        v = self.run.verdicts(name, expected, op)
         if isinstance(v, str):
             return None  # running, or not started (then `tend` starts it): a read starts nothing
         verdicts, versions = v
@@ -198,17 +232,17 @@ class SshFleet:
         def one(n: str) -> bool:
             r = rows[n]
             if r["state"] == HostState.UPGRADING:
-                if self.runner.upgrade_state(n, op).status != "idle":
+                if self.run.upgrade_state(n, op).status != "idle":
                     return False
-                self.runner.upgrade(n, [Step.model_validate(x) for x in json.loads(r["steps"] or "[]")], op)
+                self.run.upgrade(n, [Step.model_validate(x) for x in json.loads(r["steps"] or "[]")], op)
                 return True
             expected = json.loads(r["expected"] or "{}")
-            if self.runner.verdicts(n, expected, op) not in ("idle", "none"):
+            if self.run.verdicts(n, expected, op) not in ("idle", "none"):
                 return False
-            self.runner.start_check(n, expected, op)
+            self.run.start_check(n, expected, op)
             return True
 
-        done = self.runner.fan_out(list(rows), one)
+        done = self.run.fan_out(list(rows), one)
         again = sorted(n for n, v in done.items() if v is True)
         if again:
             log.warning("%s: relaunched the work of %s on %s", op, op, ", ".join(again))
@@ -222,12 +256,22 @@ class SshFleet:
         wanted = sorted(self.domain_of) if names is None else self._known(list(names))
         if not wanted:
             return []
-        self._first_sight(wanted)
-        self._poll(self._rows(wanted))
+        if self.runner is not None:  # a worker: sees new hosts and polls work in flight; a reader only reads
+            self._first_sight(wanted)
+            self._poll(self._rows(wanted))
         rows = self._rows(wanted)
-        return [Host(name=n, domain=r["domain"], sku=r["sku"], gpus=self.ssh.checks.gpus(r["sku"]),
-                     state=HostState(r["state"]), versions=json.loads(r["versions"]), operation=r["operation"],
-                     reason=r["reason"], last_error=r["last_error"]) for n in wanted if (r := rows.get(n)) is not None]
+        out = []
+        for n in wanted:
+            r = rows.get(n)
+            if r is None:
+                sku = self.sku_of[n]
+                out.append(Host(name=n, domain=self.domain_of[n], sku=sku, gpus=self.ssh.checks.gpus(sku),
+                                state=HostState.UNKNOWN, reason="not seen yet by a Railyard worker"))
+                continue
+            out.append(Host(name=n, domain=r["domain"], sku=r["sku"], gpus=self.ssh.checks.gpus(r["sku"]),
+                            state=HostState(r["state"]), versions=json.loads(r["versions"]), operation=r["operation"],
+                            reason=r["reason"], last_error=r["last_error"], seen_at=r["versions_at"] or None))
+        return out
 
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         return []  # plain hosts: no scheduler, no jobs to checkpoint
@@ -248,7 +292,7 @@ class SshFleet:
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
         self._known([host])
-        steps = self.runner._check_steps(steps)
+        steps = self.run._check_steps(steps)
         r = self._rows([host]).get(host)
         if r is None or r["operation"] != op or r["state"] not in (HostState.DRAINED, HostState.UPGRADING):
             state = r["state"] if r else "unknown"
@@ -258,7 +302,7 @@ class SshFleet:
         with self.store.write() as c:
             self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps], last_error=None)
         try:
-            self.runner.upgrade(host, steps, op)
+            self.run.upgrade(host, steps, op)
         except RunnerError as exc:  # the next poll launches again; a host that never answers fails by its budget
             log.warning("%s: upgrade launch failed, will retry on the next poll: %s", host, exc)
 
@@ -278,7 +322,7 @@ class SshFleet:
         with self.store.write() as c:
             self._set(c, host, "check", state=HostState.CHECKING, expected=dict(expected))
         try:
-            self.runner.start_check(host, expected, op)
+            self.run.start_check(host, expected, op)
         except RunnerError as exc:
             log.warning("%s: check launch failed, will retry on the next poll: %s", host, exc)
         return CheckResult(host=host, status="pending")
@@ -318,6 +362,21 @@ class SshFleet:
         self._known([host])
         with self.store.write() as c:
             self._set(c, host, reason[:1000], state=HostState.REPAIR, operation=op, reason=reason[:1000])
+
+    def mark_repaired(self, host: str, op: str, reason: str) -> None:
+        """Someone repaired a failed, unknown or in-repair host: it waits, drained under the repair `op`, for
+        the repair gate (upgrade to its targets, deep check, return). Never back in service from here."""
+        self._known([host])
+        self._first_sight([host])
+        with self.store.write() as c:
+            r = self._row(c, host)
+            if r is None or r["state"] not in (HostState.REPAIR, HostState.FAILED, HostState.UNKNOWN):
+                raise FleetError(f"{host} is {r['state'] if r else 'unknown'}: only a failed, unknown or in-repair "
+                                 "host is marked repaired")
+            if r["operation"] not in (None, op):
+                raise FleetError(f"{host} is held by operation {r['operation']!r}, not {op!r}")
+            self._set(c, host, f"repaired: {reason}"[:1000], state=HostState.DRAINED, operation=op, reason=None,
+                      last_error=None)
 
     def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
         self._known(list(hosts))

@@ -70,12 +70,18 @@ class FleetHook(BaseHook):
         port = f":{conn.port}" if conn.port else ""
         return f"{scheme}://{host}{port}"
 
-    def get_conn(self) -> Fleet:
+    def get_conn(self, *, read_only: bool = False) -> Fleet:
+        """The fleet. `read_only` (the Railyard page): an SSH fleet reads the database as the workers left it
+        and never reaches a host (the api-server may have no route or key to them)."""
         if self.backend == "ssh":
             from railyard_airflow.hooks.ssh import SshFleetHook
 
             ssh = self.config.fleet.ssh
             assert ssh is not None
+            if read_only:
+                from railyard.ssh.fleet import SshFleet
+
+                return SshFleet.reader(self.config)
             return SshFleetHook(ssh.connection).fleet(self.config)
         if self.backend == "slurm":
             return _slurm_fleet(self.config)

@@ -117,7 +117,7 @@ class MetadataRuns:
 def _fleet(conn_id: str) -> Any:
     from railyard_airflow.hooks.fleet import FleetHook
 
-    return FleetHook(conn_id).get_conn()
+    return FleetHook(conn_id).get_conn(read_only=True)  # a page view reaches no host
 
 
 def may_act(user: Any) -> bool:

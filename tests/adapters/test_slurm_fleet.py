@@ -214,6 +214,31 @@ def test_a_node_an_admin_drained_mid_stop_is_never_drained_again_by_the_dead_sto
     assert s2.return_hosts()["returned"] == 2
 
 
+def test_a_node_in_repair_comes_back_through_the_gate_once_marked_repaired(world, cluster: SlurmCluster):
+    """`railyard host repaired n5`: Railyard's repair drain stays, under the repair operation's own reason;
+    the repair gate then upgrades, checks and resumes it. Never resumed by the mark itself."""
+    cfg, fleet, ledger = world()
+    from railyard.ops import mark_repaired
+    from railyard.repair import gate_repaired
+    from railyard.stop import Stop
+
+    s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c",
+             fleet=fleet, ledger=ledger)
+    assert s.take().granted
+    s.drain()
+    s.upgrade()
+    s.offboard("n5", "health check failed: XID 79 (a test)")
+    s.check()
+    s.return_hosts()
+    assert fleet.hosts(["n5"])[0].state == HostState.REPAIR
+    out = mark_repaired(cfg, fleet, ledger, "n5", reason="replaced the GPU baseboard", actor="tech")
+    n5 = fleet.hosts(["n5"])[0]
+    assert n5.state == HostState.DRAINED and n5.operation == out["op"], n5  # still out: the gate decides
+    got = gate_repaired(cfg, fleet, ledger, say=lambda m: None)
+    assert got["returned"] == ["n5"] and got["errors"] == {}, got
+    assert fleet.hosts(["n5"])[0].state == HostState.SERVING
+
+
 def test_a_job_that_never_checkpoints_is_requeued_by_policy_and_the_loss_recorded(world, cluster: SlurmCluster):
     cfg, fleet, ledger = world(checkpoint={"policy": "requeue", "grace_s": 2})
     jid = submit(cluster, nodes=1, steps=400, extra=("--nodelist=n7",))

@@ -51,9 +51,15 @@ def test_nvidia_smi_real_failure_text():
             "Make sure that the latest NVIDIA driver is installed and running.\n")
     v = parse_nvidia_smi(text, 9, expected_gpus=8, expected_driver=None)
     assert not v.passed and "exit 9" in v.summary
-    v = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 570.86.15, [N/A]\n", 0,
+    # ECC off: nvidia-smi prints [N/A] for the count, which saw nothing; a SKU that expects ECC on fails it
+    off = "0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 570.86.15, [N/A], Disabled\n"
+    v = parse_nvidia_smi(off, 0, expected_gpus=1, expected_driver="570.86.15")
+    assert not v.passed and "GPU 0 ECC mode Disabled (the SKU expects ECC on)" in v.summary
+    v = parse_nvidia_smi(off, 0, expected_gpus=1, expected_driver="570.86.15", expect_ecc=False)
+    assert v.passed  # a SKU configured with ecc_required: false
+    v = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 570.86.15, [N/A], Enabled\n", 0,
                          expected_gpus=1, expected_driver="570.86.15")
-    assert v.passed
+    assert not v.passed and "uncorrected ECC count not reported ([N/A])" in v.summary
 
 
 def test_dcgmi_diag(tmp_path):

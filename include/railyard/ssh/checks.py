@@ -24,7 +24,9 @@ class Verdict(Strict):
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
-NVIDIA_SMI_FIELDS = ("index", "name", "pci.bus_id", "driver_version", "ecc.errors.uncorrected.volatile.total")
+NVIDIA_SMI_FIELDS = ("index", "name", "pci.bus_id", "driver_version", "ecc.errors.uncorrected.volatile.total",
+                     "ecc.mode.current")
+_NOT_READ = ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]")
 
 # The kernel log: `dmesg` first; journalctl's kernel messages of this boot only if dmesg fails (not
 # installed, or dmesg_restrict for a non-root user). The C locale keeps timestamps and messages in
@@ -59,7 +61,11 @@ def _seen(text: str, n: int = 160) -> str:
 
 
 # ---- nvidia-smi --query-gpu=... --format=csv,noheader -------------------------------------------
-def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver: str | None) -> Verdict:
+def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver: str | None,
+                     expect_ecc: bool = True) -> Verdict:
+    """GPU count, driver, ECC. With `expect_ecc` (the SKU's `ecc_required`, on by default) a GPU whose ECC
+    mode is not Enabled fails, and so does one whose uncorrected count is not reported (`[N/A]` is what
+    nvidia-smi prints with ECC off: it saw nothing)."""
     name = "gpu_inventory"
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"nvidia-smi failed (exit {rc}): {_tail(text, 160)}",
@@ -73,9 +79,14 @@ def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver:
         if len(parts) != len(NVIDIA_SMI_FIELDS):
             return Verdict(check=name, passed=False, summary=f"nvidia-smi: unexpected line {line.strip()[:120]!r}",
                            evidence={"output": _tail(text)})
-        idx, model, bus, driver, ecc = parts
-        gpus.append({"index": idx, "name": model, "bus_id": bus, "driver": driver, "ecc_uncorrected": ecc})
-        if ecc not in ("[N/A]", "N/A", "[Not Supported]"):
+        idx, model, bus, driver, ecc, mode = parts
+        gpus.append({"index": idx, "name": model, "bus_id": bus, "driver": driver, "ecc_uncorrected": ecc,
+                     "ecc_mode": mode})
+        if expect_ecc and mode != "Enabled":
+            problems.append(f"GPU {idx} ECC mode {mode} (the SKU expects ECC on)")
+        elif expect_ecc and ecc in _NOT_READ:
+            problems.append(f"GPU {idx} uncorrected ECC count not reported ({ecc})")
+        if ecc not in _NOT_READ:
             try:
                 n = int(ecc)
             except ValueError:
@@ -198,14 +209,20 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
 
 
 # ---- all_reduce_perf (nccl-tests) --------------------------------------------------------------
-_N = r"(?:\d+(?:\.\d*)?|N/A)"  # nccl-tests prints a figure it has not got as N/A
+# a figure, in the exponent form %g-style formats print for large ones (a time of 10 s or more: `1.2e+07`),
+# or N/A for a figure it has not got
+_N = r"(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|N/A)"
+# rows as an MPI launcher tags them: Open MPI's --tag-output `[1,0]<stdout>:`, srun -l's `0: `
+_RANK_TAG = r"(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:(?=\s))?"
 _NCCL_ROW = re.compile(
-    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
+    rf"^{_RANK_TAG}\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
     rf"\s+(?P<t1>{_N})\s+(?P<alg1>{_N})\s+(?P<bus1>{_N})\s+(?P<wrong1>\S+)"
     rf"\s+(?P<t2>{_N})\s+(?P<alg2>{_N})\s+(?P<bus2>{_N})\s+(?P<wrong2>\S+)\s*$"
 )
-_NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<bw>\d+(?:\.\d*)?)")
-_NCCL_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<state>\w+)?")
+_NCCL_AVG = re.compile(rf"^{_RANK_TAG}\s*#\s*Avg bus bandwidth\s*:\s*(?P<bw>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
+_NCCL_OOB = re.compile(rf"^{_RANK_TAG}\s*#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<state>\w+)?")
+# the sizes asked for: `# nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) ...` (or `step: 1024(bytes)`)
+_NCCL_ASKED = re.compile(rf"^{_RANK_TAG}\s*#\s*nThread.*\bmaxBytes\s+(?P<max>\d+)\s+step:\s*(?P<step>\d+)\((?P<kind>\w+)\)")
 
 
 def _gbps(value: str) -> float:
@@ -214,6 +231,13 @@ def _gbps(value: str) -> float:
         return float(value)
     except ValueError:
         return 0.0
+
+
+def _reaches(largest: int, max_bytes: int, step: int, kind: str) -> bool:
+    """Whether a row of `largest` bytes is the last size the run was asked for: the next step would pass
+    maxBytes (sizes are rounded down to whole elements, so the last may sit a little below it)."""
+    nxt = largest * step if kind == "factor" else largest + step
+    return nxt > max_bytes or largest >= max_bytes
 
 
 def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
@@ -226,6 +250,7 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
     rows = []
     avg = None
     oob = None
+    asked: tuple[int, int, str] | None = None
     for line in text.splitlines():
         m = _NCCL_ROW.match(line)
         if m:
@@ -237,6 +262,9 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
         o = _NCCL_OOB.match(line.strip())
         if o:
             oob = (int(o["n"]), (o["state"] or "").upper())
+        k = _NCCL_ASKED.match(line.strip())
+        if k:
+            asked = (int(k["max"]), int(k["step"]), k["kind"])
     if not rows:
         return Verdict(check=name, passed=False, summary=f"all_reduce_perf: no result rows (exit {rc}): {_seen(text)}",
                        evidence={"rc": rc, "output": _tail(text)})
@@ -249,6 +277,12 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
                        evidence={"rc": rc, "rows": len(rows), "output": _tail(text)})
     last = max(rows, key=lambda m: int(m["size"]))
     busbw = max(_gbps(last["bus1"]), _gbps(last["bus2"]))
+    if asked is not None and not _reaches(int(last["size"]), *asked):
+        return Verdict(check=name, passed=False,
+                       summary=f"all_reduce_perf: the largest size asked for ({asked[0]} B) has no result row "
+                               f"(largest read: {int(last['size'])} B)",
+                       evidence={"rc": rc, "rows": len(rows), "max_bytes": asked[0], "largest_row": int(last["size"]),
+                                 "output": _tail(text)})
     wrongs = [(m["size"], w) for m in rows for w in (m["wrong1"], m["wrong2"])]
     wrong = [size for size, w in wrongs if w not in ("0", "N/A")]
     validated = all(w == "0" for _, w in wrongs)
@@ -274,7 +308,10 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
 
 
 # ---- XID errors in the kernel log --------------------------------------------------------------
-_XID_RE = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9A-Fa-f:.]+)\): (?P<xid>\d+)(?:, (?P<detail>.*))?")
+# The driver's own form (NVIDIA/open-gpu-kernel-modules): `NVRM: Xid (PCI:0000:3b:00): 79, ...`, and on a GPU with
+# MIG enabled the instance after the address: `(PCI:0000:01:00 GPU-I:05)`, `(PCI:0000:01:00 GPU-I:01 GPU-CI:02)`.
+_XID_RE = re.compile(r"NVRM: Xid \((?P<pci>PCI:[0-9A-Fa-f:.]+)(?P<mig>(?:\s+GPU-C?I:\s*\d+)*)\s*\):\s*(?P<xid>\d+)"
+                     r"(?:,\s*(?P<detail>.*))?")
 # A line of the kernel log itself, as `XID_COMMAND` prints it: dmesg's `[    4.812345] ...` (or
 # `[Mon Jan  6 10:00:00 2025] ...` under -T, `kern  :info  : [...]` under -x, `<6>[...]` raw), or a
 # journalctl kernel line (`Jan  6 10:00:00 gpu-a01 kernel: ...`, -o short-iso, short-monotonic).
@@ -297,7 +334,8 @@ def parse_xid(text: str, rc: int, *, fatal: list[int] | tuple[int, ...]) -> Verd
             kernel_lines += 1
         m = _XID_RE.search(line)
         if m:
-            seen.append({"pci": m["pci"], "xid": int(m["xid"]), "detail": (m["detail"] or "").strip()[:160]})
+            where = m["pci"] + (" " + " ".join(m["mig"].split()) if m["mig"] else "")
+            seen.append({"pci": where, "xid": int(m["xid"]), "detail": (m["detail"] or "").strip()[:160]})
     bad = [x for x in seen if x["xid"] in set(fatal)]
     ev = {"xids": seen[-20:], "fatal": sorted(set(fatal)), "kernel_lines": kernel_lines, "rc": rc}
     if bad:
@@ -329,7 +367,8 @@ def judge(name: str, text: str, rc: int, *, spec: HealthChecksSpec, sku: str, ex
     """One catalog check's verdict from its raw output."""
     if name == "gpu_inventory":
         drv = expected.get(spec.driver_component) if spec.driver_component else None
-        return parse_nvidia_smi(text, rc, expected_gpus=spec.gpus(sku), expected_driver=drv)
+        return parse_nvidia_smi(text, rc, expected_gpus=spec.gpus(sku), expected_driver=drv,
+                                expect_ecc=spec.ecc_on(sku))
     if name == "dcgm":
         return parse_dcgmi_diag(text, rc, level=spec.dcgm_level)
     if name == "nccl":

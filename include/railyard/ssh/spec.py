@@ -61,10 +61,16 @@ class HealthChecksSpec(Strict):
     nccl_min_busbw_gbps: dict[Token, float] = Field(
         default_factory=dict, description="bus bandwidth floor of all_reduce_perf per SKU, GB/s")
     fatal_xids: list[int] = Field(default_factory=lambda: list(FATAL_XIDS))
+    ecc_required: dict[Token, bool] = Field(
+        default_factory=dict, description="per SKU: whether every GPU must have ECC on (default true); a GPU "
+                                          "with ECC off, or whose ECC count is not reported, then fails")
     timeout_s: float = Field(default=1800, gt=0)
 
     def gpus(self, sku: str) -> int:
         return self.gpus_per_sku.get(sku, 8)
+
+    def ecc_on(self, sku: str) -> bool:
+        return self.ecc_required.get(sku, True)
 
 
 class SshSpec(Strict):

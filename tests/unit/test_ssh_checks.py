@@ -64,8 +64,9 @@ def test_nvidia_smi_real_failure_text():
 
 def test_dcgmi_diag(tmp_path):
     out, rc = standin("dcgmi", "healthy", tmp_path, "diag", "-r", "2", "-j")
-    v = parse_dcgmi_diag(out, rc, level=2)
-    assert v.passed and v.evidence["tests"] == 11
+    v = parse_dcgmi_diag(out, rc, level=2, expected_gpus=8)
+    assert v.passed and v.evidence["tests"] == 3 and v.evidence["software_checks"] == 8
+    assert not parse_dcgmi_diag(out, rc, level=2, expected_gpus=9).passed  # a GPU missing from the report
     out, rc = standin("dcgmi", "dcgm_pcie", tmp_path, "diag", "-r", "2", "-j")
     v = parse_dcgmi_diag(out, rc, level=2)
     assert not v.passed
@@ -221,11 +222,13 @@ def test_dcgmi_diag_4x_layout():
                  "Integration")
     v = parse_dcgmi_diag(bad, 226, level=2)
     assert not v.passed and v.summary == "dcgmi diag -r 2: pcie on GPU 5: Found 667 PCIe replays on GPU 5 (threshold 250)"
-    # one GPU skipped, the others ran: the test ran
-    v = parse_dcgmi_diag(_dcgm4([_dcgm4_test("memory", ["Skip"] + ["Pass"] * 7), _dcgm4_test("nvbandwidth", ["Skip"] * 8)]),
-                         0, level=2)
-    assert v.passed and v.evidence["tests"] == 1 and v.evidence["not_run"] == ["nvbandwidth"]
-    assert v.summary == "dcgmi diag -r 2: 1 tests passed, 1 skipped"
+    # one GPU skipped, the others ran: that GPU was not tested, so the host fails, unless the test may skip
+    report = _dcgm4([_dcgm4_test("memory", ["Skip"] + ["Pass"] * 7), _dcgm4_test("nvbandwidth", ["Skip"] * 8)])
+    v = parse_dcgmi_diag(report, 0, level=2, expected_gpus=8)
+    assert not v.passed and "memory: skip on GPU 0" in v.summary and "nvbandwidth: skip on GPU 0,1,2,3,4,5,6,7" in v.summary
+    v = parse_dcgmi_diag(report, 0, level=2, expected_gpus=8,
+                         may_skip={"memory": "GPU 0 is a spare", "nvbandwidth": "not on this SKU"})
+    assert v.passed and "allowed: not on this SKU" in v.summary, v.summary
     # the test's own status failed though no result says why
     summary_only = json.loads(_dcgm4([_dcgm4_test("software", ["Pass"])], "Deployment"))
     summary_only["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["test_summary"] = {
@@ -234,22 +237,23 @@ def test_dcgmi_diag_4x_layout():
     assert not v.passed and v.summary == "dcgmi diag -r 1: software: Persistence mode for GPU 0 is disabled."
 
 
-@pytest.mark.parametrize("report, listed", [
-    ('{"DCGM GPU Diagnostic": {"test_categories": [], "version": "3.3.5"}}', "the report lists no tests"),
+@pytest.mark.parametrize("report, needle", [
+    ('{"DCGM GPU Diagnostic": {"test_categories": [], "version": "3.3.5"}}', "0 hardware tests in the report"),
     ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": []}], "version": "3.3.5"}}',
-     "the report lists no tests"),
+     "0 hardware tests in the report"),
     ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "GPU Memory", "results": []}]}]}}',
-     "1 listed, all skipped or not run: GPU Memory"),
+     "the report lists 0 of 8 GPUs"),
     ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "GPU Memory"}]}]}}',
-     "1 listed, all skipped or not run: GPU Memory"),
+     "the report lists 0 of 8 GPUs"),
     (_dcgm4([_dcgm4_test("memory", ["Skip"] * 8), _dcgm4_test("diagnostic", ["Not Run"] * 8)]),
-     "2 listed, all skipped or not run: memory, diagnostic"),
-    (_dcgm4([_dcgm4_test("memory", [])]), "1 listed, all skipped or not run: memory"),
+     "tested nothing on some GPUs: memory: skip on GPU 0,1,2,3,4,5,6,7 | diagnostic: notrun on GPU 0,1,2,3,4,5,6,7"),
+    (_dcgm4([_dcgm4_test("memory", [])]), "the report lists 0 of 8 GPUs"),
+    # the software checks always run: on their own they never make a hardware diagnostic pass
+    (_dcgm4([_dcgm4_test("software", ["Pass"] * 8)], "Deployment"), "0 hardware tests in the report (8 software check"),
 ])
-def test_dcgmi_diag_zero_tests_run_fails(report, listed):
-    v = parse_dcgmi_diag(report, 0, level=2)
-    assert not v.passed and v.summary == f"dcgmi diag -r 2: 0 tests run ({listed}; exit 0)"
-    assert v.evidence["tests"] == 0
+def test_dcgmi_diag_that_tested_nothing_on_the_hardware_fails(report, needle):
+    v = parse_dcgmi_diag(report, 0, level=2, expected_gpus=8)
+    assert not v.passed and needle in v.summary, v.summary
 
 
 def test_dcgmi_diag_runtime_error_and_garbage():

@@ -72,14 +72,25 @@ def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver:
                        evidence={"rc": rc, "output": _tail(text)})
     gpus: list[dict[str, Any]] = []
     problems: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    cols = list(range(len(NVIDIA_SMI_FIELDS)))  # `--format=csv,noheader`: the query's own order
+    if lines:  # `--format=csv` (a header naming each column, units in brackets): the columns by name
+        header = [re.sub(r"\s*\[.*\]$", "", h.strip()) for h in lines[0].split(",")]
+        if set(NVIDIA_SMI_FIELDS) <= set(header):
+            cols = [header.index(f) for f in NVIDIA_SMI_FIELDS]
+            lines = lines[1:]
+        elif {"index", "name", "driver_version"} & set(header) and len(header) > 1:
+            missing = [f for f in NVIDIA_SMI_FIELDS if f not in header]
+            return Verdict(check=name, passed=False,
+                           summary=f"nvidia-smi: the report has no column {', '.join(missing)}",
+                           evidence={"output": _tail(text)})
+    for line in lines:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(NVIDIA_SMI_FIELDS):
+        if len(parts) < len(NVIDIA_SMI_FIELDS) or (cols == list(range(len(NVIDIA_SMI_FIELDS)))
+                                                   and len(parts) != len(NVIDIA_SMI_FIELDS)):
             return Verdict(check=name, passed=False, summary=f"nvidia-smi: unexpected line {line.strip()[:120]!r}",
                            evidence={"output": _tail(text)})
-        idx, model, bus, driver, ecc, mode = parts
+        idx, model, bus, driver, ecc, mode = (parts[c] for c in cols)
         gpus.append({"index": idx, "name": model, "bus_id": bus, "driver": driver, "ecc_uncorrected": ecc,
                      "ecc_mode": mode})
         if expect_ecc and mode != "Enabled":
@@ -133,13 +144,32 @@ def _warning_texts(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
-    """`dcgmi diag -r N -j`: DCGM 3.x ("DCGM GPU Diagnostic") and 4.x ("DCGM Diagnostic") layouts.
+_SOFTWARE = frozenset({"deployment", "software"})  # the category (3.x) or test (4.x) of the software checks
 
-    A test counts as run when at least one of its results is Pass, Warn or Fail; Skip and Not Run
-    saw nothing. A report in which no test ran fails ("0 tests run"), whatever the exit status.
+
+def _gpu_ids(res: dict[str, Any]) -> list[int] | None:
+    """The GPUs a result is about: `gpu_ids` ("0,1,2" or a number; DCGM <= 3.2), `gpu_id` (3.3), or a GPU
+    `entity_id` (4.x). None: a result about no GPU in particular (a software check)."""
+    for key in ("gpu_ids", "gpu_id"):
+        if key in res and res[key] is not None and str(res[key]).strip() != "":
+            return [int(x) for x in re.findall(r"\d+", str(res[key]))]
+    if "entity_id" in res and str(res.get("entity_group", "GPU")).upper() == "GPU":
+        return [int(res["entity_id"])]
+    return None
+
+
+def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | None = None,
+                     may_skip: dict[str, str] | None = None) -> Verdict:
+    """`dcgmi diag -r N -j`: DCGM 3.x ("DCGM GPU Diagnostic") and 4.x ("DCGM Diagnostic") layouts, decided per GPU.
+
+    Every hardware test the report lists (all but the software checks, which always run) must have run
+    and passed on every expected GPU (0..expected_gpus-1): a Fail fails (DCGM 3.x and 4.x print warnings as
+    Fail too); a Skip, a Not Run or a GPU missing from a test's results fails, but for a test `may_skip`
+    names (with the reason shown). A report that lists fewer GPUs than expected fails, and so does one with
+    no hardware test at level 2 or more: it tested nothing on the hardware.
     """
     name = "dcgm"
+    may_skip = {k.lower(): v for k, v in (may_skip or {}).items()}
     start, end = text.find("{"), text.rfind("}")
     try:
         doc = json.loads(text[start:end + 1]) if start >= 0 else None
@@ -151,7 +181,7 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
     body = doc.get("DCGM GPU Diagnostic") or doc.get("DCGM Diagnostic")
     body = body if isinstance(body, dict) else {}
     meta = doc.get("metadata")
-    version = body.get("version") or (meta.get("version") if isinstance(meta, dict) else None)
+    version = body.get("version") or doc.get("version") or (meta.get("version") if isinstance(meta, dict) else None)
     runtime_error = body.get("runtime_error") or doc.get("runtime_error")
     if isinstance(runtime_error, str) and runtime_error.strip():
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: {runtime_error.strip()[:200]} (exit {rc})",
@@ -162,50 +192,84 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
                        summary=f"dcgmi diag -r {level}: report has no test_categories (exit {rc}): {_seen(text)}",
                        evidence={"rc": rc, "version": version, "output": _tail(text)})
     failures: list[str] = []
-    warnings: list[str] = []
-    not_run: list[str] = []
-    tests_run = 0
+    unseen: list[str] = []
+    allowed: list[str] = []
+    software_run = 0
+    hardware: dict[str, dict[int, str]] = {}  # test -> GPU -> status
+    gpus_seen: set[int] = set()
     for cat in cats:
-        tests = cat.get("tests") if isinstance(cat, dict) else None
+        if not isinstance(cat, dict):
+            continue
+        software_cat = str(cat.get("category", "")).strip().lower() in _SOFTWARE
+        tests = cat.get("tests")
         for test in tests if isinstance(tests, list) else []:
             if not isinstance(test, dict):
                 continue
             tname = str(test.get("name", "?"))
+            software = software_cat or tname.strip().lower() in _SOFTWARE
+            per_gpu = hardware.setdefault(tname, {}) if not software else None
             results = test.get("results")
-            ran = False
             failed = False
             for res in results if isinstance(results, list) else []:
                 if not isinstance(res, dict):
                     continue
                 status = _dcgm_status(res.get("status"))
-                ran = ran or status in _DCGM_RAN
-                if status in _DCGM_FAILED:
+                ids = _gpu_ids(res)
+                gpus_seen.update(ids or [])
+                if status in _DCGM_FAILED or status in ("warn", "warning"):
                     failed = True
-                    gpu = res.get("gpu_ids", res.get("entity_id", "?"))
-                    why = "; ".join(_warning_texts(res)) or "failed"
-                    failures.append(f"{tname} on GPU {gpu}: {why}")
-                elif status in ("warn", "warning"):
-                    warnings.append(f"{tname}: " + ("; ".join(_warning_texts(res)) or "warning"))
+                    why = "; ".join(_warning_texts(res)) or status
+                    failures.append(f"{tname} on GPU {','.join(map(str, ids)) if ids else '-'}: {why}")
+                if software:
+                    software_run += status in _DCGM_RAN
+                elif per_gpu is not None:
+                    for g in ids if ids is not None else []:
+                        per_gpu[g] = status if per_gpu.get(g) in (None, "pass", "passed") else per_gpu[g]
             summary = test.get("test_summary")  # DCGM 4.x: the test's own status, next to its results
             if isinstance(summary, dict) and _dcgm_status(summary.get("status")) in _DCGM_FAILED and not failed:
                 failures.append(f"{tname}: " + ("; ".join(_warning_texts(summary)) or "failed"))
-            if ran:
-                tests_run += 1
-            else:
-                not_run.append(tname)
-    ev = {"tests": tests_run, "not_run": not_run[:20], "failures": failures, "warnings": warnings[:10],
+    want = set(range(expected_gpus)) if expected_gpus else set(gpus_seen)
+    for tname, per_gpu in hardware.items():
+        missed = sorted(g for g in want if per_gpu.get(g) not in ("pass", "passed", "fail", "failed", "error",
+                                                                   "warn", "warning"))
+        if not missed:
+            continue
+        how = sorted({per_gpu.get(g) or "absent" for g in missed})
+        what = f"{tname}: {'/'.join(how)} on GPU {','.join(map(str, missed))}"
+        if tname.strip().lower() in may_skip:
+            allowed.append(f"{what} (allowed: {may_skip[tname.strip().lower()]})")
+        else:
+            unseen.append(what)
+    ev = {"tests": len(hardware), "software_checks": software_run, "gpus_in_report": sorted(gpus_seen),
+          "expected_gpus": expected_gpus, "failures": failures[:20], "not_run": unseen[:20], "allowed_skips": allowed,
           "version": version, "rc": rc}
     if failures:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: " + " | ".join(failures[:3]), evidence=ev)
-    if tests_run == 0:
-        listed = (f"{len(not_run)} listed, all skipped or not run: {', '.join(not_run[:5])}"
-                  + (", ..." if len(not_run) > 5 else "")) if not_run else "the report lists no tests"
-        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: 0 tests run ({listed}; exit {rc})",
+    if not hardware and level >= 2:
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: 0 hardware tests in the report ({software_run} software "
+                               f"check(s) only; exit {rc})", evidence={**ev, "output": _tail(text)})
+    if not hardware and not software_run:
+        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: 0 tests run (exit {rc})",
                        evidence={**ev, "output": _tail(text)})
+    if expected_gpus and len(gpus_seen) < expected_gpus:
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: the report lists {len(gpus_seen)} of {expected_gpus} GPUs "
+                               f"({', '.join(map(str, sorted(gpus_seen))) or 'none'})", evidence=ev)
+    if hardware and not want:
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: {len(hardware)} test(s) listed, no GPU named in any result "
+                               f"(exit {rc})", evidence={**ev, "output": _tail(text)})
+    if unseen:
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: tested nothing on some GPUs: " + " | ".join(unseen[:3]),
+                       evidence=ev)
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: exit {rc}", evidence=ev)
-    extra = (f", {len(not_run)} skipped" if not_run else "") + (f", {len(warnings)} warning(s)" if warnings else "")
-    return Verdict(check=name, passed=True, summary=f"dcgmi diag -r {level}: {tests_run} tests passed{extra}", evidence=ev)
+    extra = f", skips allowed: {'; '.join(allowed)}" if allowed else ""
+    return Verdict(check=name, passed=True,
+                   summary=f"dcgmi diag -r {level}: {len(hardware)} hardware tests passed on {len(want)} GPUs{extra}",
+                   evidence=ev)
 
 
 # ---- all_reduce_perf (nccl-tests) --------------------------------------------------------------
@@ -213,9 +277,9 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int) -> Verdict:
 # or N/A for a figure it has not got
 _N = r"(?:\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|N/A)"
 # rows as an MPI launcher tags them: Open MPI's --tag-output `[1,0]<stdout>:`, srun -l's `0: `
-_RANK_TAG = r"(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:(?=\s))?"
+_RANK_TAG = r"\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:(?=\s))?"
 _NCCL_ROW = re.compile(
-    rf"^{_RANK_TAG}\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)"
+    rf"^{_RANK_TAG}\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)(?:\s+(?P<root>-?\d+))?"
     rf"\s+(?P<t1>{_N})\s+(?P<alg1>{_N})\s+(?P<bus1>{_N})\s+(?P<wrong1>\S+)"
     rf"\s+(?P<t2>{_N})\s+(?P<alg2>{_N})\s+(?P<bus2>{_N})\s+(?P<wrong2>\S+)\s*$"
 )
@@ -283,9 +347,11 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
                                f"(largest read: {int(last['size'])} B)",
                        evidence={"rc": rc, "rows": len(rows), "max_bytes": asked[0], "largest_row": int(last["size"]),
                                  "output": _tail(text)})
-    wrongs = [(m["size"], w) for m in rows for w in (m["wrong1"], m["wrong2"])]
+    # `#wrong` is a count; nccl-tests before 2.13 printed the largest error instead (`5e-07`), which says
+    # nothing about a count: such a run is reported unvalidated, as N/A is
+    wrongs = [(m["size"], w) for m in rows for w in (m["wrong1"], m["wrong2"]) if re.fullmatch(r"\d+|N/A", w)]
     wrong = [size for size, w in wrongs if w not in ("0", "N/A")]
-    validated = all(w == "0" for _, w in wrongs)
+    validated = bool(wrongs) and len(wrongs) == 2 * len(rows) and all(w == "0" for _, w in wrongs)
     ev = {"size_bytes": int(last["size"]), "busbw_gbps": busbw, "avg_busbw_gbps": avg, "floor_gbps": floor_gbps,
           "wrong_sizes": wrong, "validated": validated, "rows": len(rows), "rc": rc}
     if wrong:
@@ -370,7 +436,8 @@ def judge(name: str, text: str, rc: int, *, spec: HealthChecksSpec, sku: str, ex
         return parse_nvidia_smi(text, rc, expected_gpus=spec.gpus(sku), expected_driver=drv,
                                 expect_ecc=spec.ecc_on(sku))
     if name == "dcgm":
-        return parse_dcgmi_diag(text, rc, level=spec.dcgm_level)
+        return parse_dcgmi_diag(text, rc, level=spec.dcgm_level, expected_gpus=spec.gpus(sku),
+                                may_skip=spec.dcgm_may_skip)
     if name == "nccl":
         return parse_all_reduce_perf(text, rc, floor_gbps=spec.nccl_min_busbw_gbps.get(sku, 0.0))
     if name == "xid":

@@ -58,6 +58,9 @@ class HealthChecksSpec(Strict):
                                            description="component whose version nvidia-smi reports")
     gpus_per_sku: dict[Token, int] = Field(default_factory=dict, description="expected GPUs; default 8")
     dcgm_level: int = Field(default=2, ge=1, le=4)
+    dcgm_may_skip: dict[str, str] = Field(
+        default_factory=dict, description="DCGM tests allowed to be Skip (test name -> why, shown in the verdict); "
+                                          "any other test Skip or missing on a GPU fails the host")
     nccl_min_busbw_gbps: dict[Token, float] = Field(
         default_factory=dict, description="bus bandwidth floor of all_reduce_perf per SKU, GB/s")
     fatal_xids: list[int] = Field(default_factory=lambda: list(FATAL_XIDS))

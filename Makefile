@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo deps pyc test test-fast test-e2e faults bench lint stop clean
+.PHONY: demo deps pyc test test-fast test-e2e faults model bench lint stop clean
 
 # Bytecode is compiled once, at install: uv does not write it, and where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) no process ever would, so every process, every Airflow task among them, would compile
@@ -41,6 +41,11 @@ test-e2e: deps pyc
 faults: deps pyc  ## the fault suite at the issue's full counts, with its summary of figures
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
+
+EXAMPLES ?= 20000
+model: pyc  ## a long random search of the state machine (tests/model): EXAMPLES=N schedules of up to 30 steps
+	RAILYARD_MODEL_RANDOM=1 RAILYARD_MODEL_EXAMPLES=$(EXAMPLES) RAILYARD_MODEL_STEPS=30 \
+	  $(BIN)/pytest -q -p no:cacheprovider --timeout=0 --hypothesis-show-statistics tests/model/test_model.py::TestRailyard
 
 bench: deps pyc  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py

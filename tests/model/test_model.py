@@ -1,0 +1,410 @@
+"""Random schedules of trains, operators, Airflow's at-least-once behaviour and fleet faults, against the
+invariants (a Hypothesis state machine over the in-process simulator and the ledger, no Airflow).
+
+Rules interleave: stops of two trains over the same domains, each step run any number of times; a step
+killed between any two fleet or ledger calls (the call before it applied, or applied with its answer lost);
+a run abandoned (deleted, or marked failed with its teardown failed); the reconciler; the repair gate; a
+hand release with and without --to-repair; hosts that fail, are repaired, jobs that hang; time passing.
+After every rule the oracle checks the fleet's and the ledger's own state; at the end of every example,
+with the faults stopped, the teardowns, the reconciler and the repair gate must bring every host back to
+serving or to repair with a reason, with no lease left but repairs'.
+
+Faults are injected by wrapping the fleet and the ledger in the test (`Faulty`): no fault point exists
+in the code a production config runs. `RAILYARD_MODEL_EXAMPLES` and `RAILYARD_MODEL_STEPS` size the search
+(`make model` runs a long random one; `make test` the same derandomized schedules every time); a failure
+prints its shrunk schedule and a blob that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from railyard.config import parse_config
+from railyard.fleet.port import FleetError
+from railyard.ledger import Ledger
+from railyard.models import MAINTENANCE_STATES, HostState
+from railyard.ops import ControlError, release_lease
+from railyard.reconcile import reconcile
+from railyard.repair import gate_repaired
+from railyard.sim.engine import SimEngine
+from railyard.stop import Stop, StopError
+from tests.unit.test_stop import Clock
+
+DOMAINS = ["pod-a", "pod-b", "pod-c"]
+CONFIG = {
+    "components": [{"name": "gpu-driver", "reboot": True, "duration_s": 300}, {"name": "fabric-manager", "duration_s": 60}],
+    "releases": [{"id": "drv", "component": "gpu-driver", "version": "570.86.15"},
+                 {"id": "fm", "component": "fabric-manager", "version": "570.86.15"}],
+    "domains": [{"name": d, "hosts": f"h{d[-1]}[1-3]"} for d in DOMAINS],
+    "trains": [{"id": "a", "releases": ["drv", "fm"], "max_failure_fraction": 1.0},
+               {"id": "b", "releases": ["drv"], "max_failure_fraction": 1.0, "domains": ["pod-c", "pod-b"]}],
+    "buffers": {"maintenance": {"hosts": 3}, "failure": {"hosts": 2}},
+    "timeouts": {"poll_s": 0.5, "drain_s": 30, "upgrade_s": 60, "check_s": 30, "return_s": 30,
+                 "checkpoint_wait_s": 30},
+    "simulator": {"speed": 60, "seed": 5, "initial_versions": {"gpu-driver": "550.1", "fabric-manager": "550.1"},
+                  "jobs": {"count": 2, "hosts_per_job": 2, "checkpoint_interval_s": 1800, "checkpoint_duration_s": 30},
+                  "upgrade_fail_rate": 0.3, "check_fail_rate": 0.2},
+}
+CFG = parse_config(CONFIG)
+HOSTS = sorted(CFG.host_domain())
+STEPS = ["take", "checkpoints", "drain", "upgrade", "check", "return"]
+FLEET_WRITES = {"drain", "upgrade", "start_check", "return_to_service", "offboard", "handover", "request_checkpoint"}
+LEDGER_WRITES = {"acquire_domain", "release", "handover", "note", "record_verification", "set_detail_once",
+                 "lease_repair", "record_visit", "record_release_result", "finish_operation"}
+
+
+# the gaps between two calls where a crash or a lost answer leaves the most behind, drawn more often
+GAPS = [("lost", "offboard"), ("kill", "handover"), ("lost", "handover"), ("kill", "note"), ("lost", "drain"),
+        ("kill", "release"), ("lost", "return_to_service"), ("kill", "acquire_domain"), ("lost", "upgrade"),
+        ("kill", "record_verification"), ("lost", "start_check")]
+
+
+class Killed(BaseException):
+    """The task's process died here (not an Exception: nothing in the step may catch it)."""
+
+
+class Plan:
+    """The fault armed for the next step: at the (`skip`+1)-th write call named `target` (fleet or ledger),
+    `kind` happens, once."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.target = ""
+        self.skip = 0
+
+    def arm(self, kind: str | None, target: str = "", skip: int = 0) -> None:
+        self.kind, self.target, self.skip = kind, target, skip
+
+    def hit(self, name: str) -> str | None:
+        if self.kind is None or name != self.target:
+            return None
+        if self.skip > 0:
+            self.skip -= 1
+            return None
+        kind, self.kind = self.kind, None
+        return kind
+
+
+class Faulty:
+    """`inner` whose write calls obey the plan: `kill` before the call (the process died before it), `lost`
+    after it (the fleet applied it; the answer never came). Reads pass through."""
+
+    def __init__(self, inner: Any, writes: set[str], plan: Plan, lost_error: type[BaseException]) -> None:
+        self._inner, self._writes, self._plan, self._lost = inner, writes, plan, lost_error
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._inner, name)
+        if name not in self._writes:
+            return fn
+
+        def call(*a: Any, **kw: Any) -> Any:
+            kind = self._plan.hit(name)
+            if kind == "kill":
+                raise Killed(name)
+            out = fn(*a, **kw)
+            if kind == "lost":
+                raise self._lost(f"{name}: answer lost")
+            return out
+
+        return call
+
+
+class Runs:
+    """Airflow as the reconciler and the hand release see it: a run is running until abandoned, then gone."""
+
+    def __init__(self) -> None:
+        self.dead: set[str] = set()
+
+    def dag_known(self, dag_id: str) -> bool:
+        return True
+
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        return None if run_id in self.dead else "running"
+
+
+class Railyard(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
+        self.clock = Clock()
+        self.sim = SimEngine(CFG, None, clock=self.clock)
+        self.ledger = Ledger(f"sqlite:///{self.tmp}/ledger.db")
+        self.plan = Plan()
+        self.fleet = Faulty(self.sim, FLEET_WRITES, self.plan, FleetError)
+        self.led = Faulty(self.ledger, LEDGER_WRITES, self.plan, RuntimeError)
+        self.runs = Runs()
+        self.stops: list[Stop] = []
+        self.cursor: dict[str, int] = {}  # op -> index in STEPS of its next task
+        self.n = 0
+
+    def _stop(self, i: int) -> Stop | None:
+        live = [s for s in self.stops if s.op_id.split("/")[1] not in self.runs.dead]
+        return live[i % len(live)] if live else None
+
+    # ---- what Airflow runs ----------------------------------------------------------------------
+    @precondition(lambda self: len([s for s in self.stops if s.op_id.split("/")[1] not in self.runs.dead]) < 3)
+    @rule(train=st.sampled_from(["a", "b"]), domain=st.sampled_from(DOMAINS))
+    def new_stop(self, train: str, domain: str) -> None:
+        t = CFG.train(train)
+        if domain not in {d.name for d in CFG.train_domains(t)}:
+            return
+        self.n += 1
+        self.stops.append(Stop(config=CFG, train=t, domain=CFG.domain(domain), op_id=f"{train}/r{self.n}/{domain}",
+                               fleet=self.fleet, ledger=self.led, sleep=self.clock.advance, clock=self.clock,
+                               say=lambda _m: None))
+
+    @precondition(lambda self: bool(self.stops))
+    @rule(i=st.integers(0, 50), how=st.sampled_from(["next"] * 6 + ["again", "marked_success", "teardown"]),
+          fault=st.one_of(st.none(), st.sampled_from(GAPS),
+                          st.tuples(st.sampled_from(["kill", "lost"]), st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES)))),
+          at=st.integers(0, 2))
+    def run_step(self, i: int, how: str, fault: tuple[str, str] | None, at: int) -> None:
+        """The stop's next task as Airflow runs it: in order, retried after a failure, run again after it
+        succeeded (a cleared task), marked success by hand without running, or its teardown."""
+        s = self._stop(i)
+        if s is None:
+            return
+        k = self.cursor.get(s.op_id, 0)
+        if how == "marked_success":
+            self.cursor[s.op_id] = min(k + 1, len(STEPS) - 1)
+            return
+        step = "return" if how == "teardown" else STEPS[max(k - 1, 0)] if how == "again" else STEPS[k]
+        self.plan.arm(*(fault or (None, "")), at)
+        try:
+            self._run(s, step)
+        except (Killed, StopError, FleetError, RuntimeError):
+            return  # the task failed: Airflow retries it, or not (another rule may run it again)
+        finally:
+            self.plan.arm(None)
+        if how == "next":
+            self.cursor[s.op_id] = min(k + 1, len(STEPS) - 1)
+
+    def _run(self, s: Stop, step: str) -> None:
+        if step == "take":
+            s.take()
+        elif step == "checkpoints":
+            _jobs, since = s.request_checkpoints()
+            for _ in range(200):
+                if not s.stale_jobs(since):
+                    break
+                self.clock.advance(0.5)
+        elif step == "drain":
+            s.drain()
+        elif step == "upgrade":
+            s.upgrade()
+        elif step == "check":
+            s.check()
+        else:
+            s.return_hosts()
+
+    @rule(train=st.sampled_from(["a", "b"]), domain=st.sampled_from(DOMAINS),
+          fault=st.one_of(st.sampled_from(GAPS), st.tuples(st.sampled_from(["kill", "lost"]),
+                                                           st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES)))),
+          at=st.integers(0, 3), retry=st.booleans(), ending=st.sampled_from(["teardown", "abandoned", "teardown_killed"]))
+    def whole_run(self, train: str, domain: str, fault: tuple[str, str], at: int, retry: bool, ending: str) -> None:
+        """A run of one stop as Airflow runs it: its tasks in order, a fault armed over the whole run (a
+        process killed at a call, or an answer lost), the failed task retried once or not, then its teardown
+        (run, killed too, or never: the run abandoned, left to the reconciler)."""
+        self.new_stop(train, domain)
+        if not self.stops or self.stops[-1].op_id.split("/")[2] != domain:
+            return
+        s = self.stops[-1]
+        self.plan.arm(fault[0], fault[1], at)
+        try:
+            for step in STEPS[:-1]:
+                for attempt in (0, 1):
+                    try:
+                        self._run(s, step)
+                        break
+                    except (Killed, StopError, FleetError, RuntimeError):
+                        if attempt or not retry:
+                            raise
+            self.plan.arm(None)
+        except (Killed, StopError, FleetError, RuntimeError):
+            pass
+        if ending == "abandoned":
+            self.runs.dead.add(s.op_id.split("/")[1])
+            self.plan.arm(None)
+            return
+        if ending != "teardown_killed":
+            self.plan.arm(None)
+        try:
+            self._run(s, "return")
+        except (Killed, StopError, FleetError, RuntimeError):
+            pass
+        finally:
+            self.plan.arm(None)
+        self.runs.dead.add(s.op_id.split("/")[1])  # ended: what it left is the reconciler's
+
+    @precondition(lambda self: bool(self.stops))
+    @rule(i=st.integers(0, 50))
+    def abandon_run(self, i: int) -> None:
+        """Deleted, or marked failed with its teardown failed: none of its tasks runs again."""
+        s = self._stop(i)
+        if s is not None:
+            self.runs.dead.add(s.op_id.split("/")[1])
+
+    @rule()
+    def reconciler(self) -> None:
+        reconcile(CFG, self.sim, self.ledger, self.runs, sleep=self.clock.advance, clock=self.clock,
+                  say=lambda _m: None)
+
+    @rule()
+    def repair_gate(self) -> None:
+        gate_repaired(CFG, self.sim, self.ledger, say=lambda _m: None, sleep=self.clock.advance, clock=self.clock)
+
+    @precondition(lambda self: bool(self.stops))
+    @rule(i=st.integers(0, 50), to_repair=st.booleans())
+    def hand_release(self, i: int, to_repair: bool) -> None:
+        s = self.stops[i % len(self.stops)]
+        try:
+            release_lease(CFG, self.sim, self.ledger, s.op_id, reason="model: an operator releases it",
+                          actor="operator", runs=self.runs, to_repair=to_repair)
+        except ControlError:
+            pass
+
+    # ---- the fleet ----------------------------------------------------------------------------
+    @rule(host=st.sampled_from(HOSTS))
+    def host_fails(self, host: str) -> None:
+        if self.sim.hosts([host])[0].state == HostState.SERVING:
+            self.sim.fail(host)
+
+    @rule(host=st.sampled_from(HOSTS))
+    def host_repaired(self, host: str) -> None:
+        if self.sim.hosts([host])[0].state == HostState.REPAIR:
+            self.sim.repaired(host)
+
+    @rule(seconds=st.sampled_from([1, 10, 60, 600]))
+    def time_passes(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+
+    # ---- the oracle -----------------------------------------------------------------------------
+    @invariant()
+    def at_most_one_domain_out(self) -> None:
+        by_domain = CFG.host_domain()
+        holders = self.ledger.holdings()
+        leased = {by_domain[h] for h, op in holders.items() if not op.startswith("repair/")}
+        assert len(leased) <= CFG.max_domains_down, holders
+        # out for maintenance: a repaired host waiting, drained, for its gate is a repair's (the failure buffer)
+        out = {h.domain for h in self.sim.hosts() if h.state in MAINTENANCE_STATES
+               and not holders.get(h.name, "").startswith("repair/")}
+        assert len(out) <= CFG.max_domains_down, sorted((h.name, h.state, h.operation) for h in self.sim.hosts()
+                                                        if h.domain in out)
+        assert out <= leased, (out, holders)  # every host out for maintenance is leased
+
+    @invariant()
+    def every_host_out_is_counted(self) -> None:
+        """A host out of service that no lease accounts for falls out of every count (but one the fleet
+        reports failed by itself). (A host in repair may still be leased to the stop that sent it, until its
+        next step or its teardown hands it to the repair: `settled` checks that at the end.)"""
+        self.settled(final=False)
+
+    def settled(self, final: bool) -> None:
+        holders = self.ledger.holdings()
+        for h in self.sim.hosts():
+            if h.state == HostState.REPAIR and final:  # nothing but a repair operation gates its way back
+                assert holders.get(h.name, "").startswith("repair/"), (h, holders.get(h.name))
+            elif h.state not in (HostState.SERVING, HostState.FAILED):
+                assert h.name in holders, (h, "out of service with no lease")
+
+    @invariant()
+    def no_unverified_return_and_no_collision(self) -> None:
+        audit = self.sim.audit()
+        assert audit["unverified_returns"] == [], audit["unverified_returns"]
+        assert audit["refusals"] == [], audit["refusals"][:3]
+
+    @invariant()
+    def no_drain_without_a_fresh_checkpoint(self) -> None:
+        for it in self.sim.audit()["interruptions"]:
+            reason = it["reason"]
+            if not reason.startswith("drained by "):
+                continue
+            op = reason.removeprefix("drained by ")
+            detail = self.ledger.detail(op) if self.ledger.operation(op) else {}
+            asked = detail.get("checkpoint_requested_at")
+            assert asked is not None, (it, detail)
+            assert it["at"] - it["lost_s"] >= float(asked) - 1e-6, (it, asked)  # checkpointed since it was asked
+
+    def teardown(self) -> None:
+        """Liveness: faults stop; every run ends; teardowns, the reconciler and the gate settle everything."""
+        try:
+            self.plan.arm(None)
+            self.sim.settings(upgrade_fail_rate=0.0, check_fail_rate=0.0)
+            self.runs.dead |= {s.op_id.split("/")[1] for s in self.stops}
+            for _ in range(4):
+                reconcile(CFG, self.sim, self.ledger, self.runs, sleep=self.clock.advance, clock=self.clock,
+                          say=lambda _m: None)
+                for h in self.sim.hosts():
+                    if h.state == HostState.REPAIR:
+                        self.sim.repaired(h.name)
+                gate_repaired(CFG, self.sim, self.ledger, say=lambda _m: None, sleep=self.clock.advance,
+                              clock=self.clock)
+                self.clock.advance(CFG.simulator.repair_s / CFG.simulator.speed + 1)  # failed hosts recover
+            self.settled(final=True)
+            for h in self.sim.hosts():
+                assert h.state == HostState.SERVING or (h.state in (HostState.REPAIR, HostState.FAILED) and h.reason), h
+            left = {h: op for h, op in self.ledger.holdings().items() if not op.startswith("repair/")}
+            assert not left, left
+            active = [o["id"] for o in self.ledger.active_operations() if not o["id"].startswith("repair/")]
+            assert not active, active
+        finally:
+            self.ledger.dispose()
+            self.sim.close()
+
+
+EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))
+STEPS_PER = int(os.environ.get("RAILYARD_MODEL_STEPS", "20"))
+# `make test`: derandomized (the same schedules every run, seeded from the test's name); `make model`
+# (RAILYARD_MODEL_RANDOM=1): a fresh random search. A failure prints the shrunk schedule and a
+# @reproduce_failure blob that replays it exactly.
+RANDOM = os.environ.get("RAILYARD_MODEL_RANDOM") == "1"
+Railyard.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS_PER, deadline=None,
+                                      suppress_health_check=list(HealthCheck), print_blob=True,
+                                      derandomize=not RANDOM, database=None)
+TestRailyard = pytest.mark.timeout(1800)(Railyard.TestCase)
+
+
+def replay(*steps: tuple[str, dict[str, Any]]) -> None:
+    """A schedule the search found (shrunk), run as it was, with every invariant after each step."""
+    m = Railyard()
+    checks = [m.at_most_one_domain_out, m.every_host_out_is_counted, m.no_drain_without_a_fresh_checkpoint,
+              m.no_unverified_return_and_no_collision]
+    for check in checks:
+        check()
+    for name, kw in steps:
+        getattr(m, name)(**kw)
+        for check in checks:
+            check()
+    m.teardown()
+
+
+# Found on the code before the fixes of the review, each shrunk by Hypothesis, kept as regressions:
+def test_found_an_offboard_whose_answer_was_lost_orphans_the_host():
+    """The fleet applied an offboard whose answer was lost; the teardown released the lease over the host in
+    repair: no repair operation held it, and once repaired it stayed drained with no lease, out of every count."""
+    run = dict(at=0, ending="teardown", retry=False, train="a")
+    replay(("whole_run", run | {"domain": "pod-a", "fault": ("lost", "offboard")}),
+           ("whole_run", run | {"domain": "pod-b", "fault": ("lost", "offboard")}))
+
+
+def test_found_a_lost_fleet_handover_stalls_the_repair_gate():
+    """The ledger handed the host to its repair; the fleet's handover was lost, and the repair gate then
+    failed on it for ever ("held by operation a/r2/pod-b")."""
+    run = dict(at=0, ending="teardown", retry=False, train="a")
+    replay(("whole_run", run | {"domain": "pod-a", "fault": ("lost", "offboard")}),
+           ("whole_run", run | {"domain": "pod-b", "fault": ("lost", "handover")}))
+
+
+def test_found_a_drain_after_a_checkpoint_wait_marked_success():
+    """`wait_checkpoints` marked success by hand: the drain took the domain's jobs with no checkpoint asked."""
+    replay(("new_stop", {"domain": "pod-a", "train": "a"}),
+           ("run_step", {"at": 0, "fault": None, "how": "next", "i": 0}),
+           ("run_step", {"at": 0, "fault": None, "how": "marked_success", "i": 0}),
+           ("run_step", {"at": 0, "fault": None, "how": "next", "i": 0}))

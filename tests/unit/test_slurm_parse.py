@@ -256,31 +256,54 @@ def test_23_02_sinfo_rows_are_read_as_nodes() -> None:
     assert parse.node_address(node) is None
 
 
-def test_sinfo_rows_one_record_per_node_first_partition_wins() -> None:
+def test_sinfo_rows_of_one_node_each_first_partition_wins_and_grouped_rows_are_refused() -> None:
+    """`sinfo -N --json` rows are one node each (a node in two partitions twice: the first wins). A grouped row
+    (plain `sinfo --json` on 23.02+) carries one node's reason, features, GPUs for all: refused, never copied."""
     row = load("23.02", "sinfo.json")["sinfo"][0]
     drained = copy.deepcopy(row)
-    drained["nodes"]["nodes"] = ["gpu[01-02]"]
+    drained["nodes"]["nodes"] = ["gpu01"]
     drained["node"]["state"] = ["IDLE", "DRAIN"]
     drained["reason"] = {"description": "admin: bad dimm", "time": 1727343318, "user": "admin"}
     drained["gres"] = {"total": "gpu:h100:8(S:0-1)", "used": "gpu:h100:0(IDX:N/A)"}
     drained["features"] = {"total": "h100,ib", "active": "h100"}
-    drained["nodes"]["addresses"] = ["10.0.0.1", "10.0.0.2"]
+    drained["nodes"]["addresses"] = ["10.0.0.1"]
     other_partition = copy.deepcopy(drained)
     other_partition["node"]["state"] = ["MIXED"]
     recs = {parse.node_name(n): n for n in parse.node_records({"sinfo": [drained, other_partition, row]})}
-    assert sorted(recs) == ["gpu01", "gpu02", "localhost"]
-    g = recs["gpu02"]
+    assert sorted(recs) == ["gpu01", "localhost"]
+    g = recs["gpu01"]
     assert parse.node_state(g) == ("idle", frozenset({"DRAIN"}))
-    assert parse.node_reason(g) == "admin: bad dimm"
-    assert parse.node_reason_user(g) == "admin"
+    assert parse.node_reason(g) == "admin: bad dimm" and parse.node_reason_user(g) == "admin"
     assert parse.gpus_per_node(g) == 8
-    assert parse.node_features(g) == ["h100", "ib"]
-    assert parse.node_active_features(g) == ["h100"]
-    assert parse.node_address(g) == "10.0.0.2"
-    assert parse.node_address(recs["gpu01"]) == "10.0.0.1"
-    row_list = copy.deepcopy(row)
-    row_list["nodes"]["nodes"] = ["gpu[01,03]", "gpu05"]
-    assert [parse.node_name(n) for n in parse.node_records({"sinfo": [row_list]})] == ["gpu01", "gpu03", "gpu05"]
+    assert parse.node_features(g) == ["h100", "ib"] and parse.node_active_features(g) == ["h100"]
+    assert parse.node_address(g) == "10.0.0.1"
+    grouped = copy.deepcopy(drained)
+    grouped["nodes"]["nodes"] = ["gpu[01,03]", "gpu05"]
+    with pytest.raises(ValueError, match="one node per row"):
+        parse.node_records({"sinfo": [grouped]})
+
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "slurm"
+
+
+def test_a_real_24_11_sinfo_document_groups_nodes_and_is_refused() -> None:
+    """Recorded from a 24.11.6 cluster (tests/fixtures/real/slurm/SOURCES.md): rows of many nodes, one
+    reason each. Read per node, an admin's drain could read as Railyard's and the reverse."""
+    doc = json.loads((REAL / "24.11-sinfo.json").read_text())
+    grouped = [r for r in doc["sinfo"] if len(parse._hosts(r["nodes"]["nodes"], "nodes")) > 1]
+    assert grouped
+    with pytest.raises(ValueError, match="one node per row"):
+        parse.node_records(doc)
+
+
+def test_a_real_25_11_scontrol_show_node_document_is_read_per_node() -> None:
+    doc = json.loads((REAL / "25.11-scontrol-show-node.json").read_text())
+    recs = parse.node_records(doc)
+    assert len(recs) == len(doc["nodes"]) >= 1
+    for raw, rec in zip(doc["nodes"], recs, strict=True):
+        assert parse.node_name(rec) == raw["name"]
+        assert parse.node_reason(rec) == (raw.get("reason") or "")
+        parse.node_state(rec)  # every node's own state reads
 
 
 def test_node_records_of_other_documents() -> None:
@@ -491,8 +514,12 @@ class FixtureCli:
         if is_write(argv):
             self.writes.append(argv)
             return ""
-        if argv[0] == "sinfo":
-            return (FIX / self.case.version / self.case.nodes_file).read_text()
+        if argv[:2] == ("scontrol", "--version"):
+            return f"slurm {self.case.version}.1\n"
+        if argv[:4] == ("scontrol", "--json", "show", "nodes"):  # what 23.02+ reads nodes with: per node
+            return (FIX / self.case.version / "nodes.json").read_text()
+        if argv[0] == "sinfo":  # what `sinfo --json` prints on this version (23.02+: grouped rows)
+            return (FIX / self.case.version / "sinfo.json").read_text()
         if argv[0] == "squeue":
             return (FIX / self.case.version / "squeue.json").read_text()
         return ""  # scontrol show reservation: none

@@ -45,12 +45,16 @@ def check_arg(arg: str) -> str:
 
 
 def is_write(argv: Sequence[str]) -> bool:
-    """Everything but `sinfo`, `squeue` and `scontrol show ...` changes the cluster."""
+    """Everything but `sinfo`, `squeue`, `scontrol [--json] show ...` and `scontrol --version` changes the
+    cluster."""
     if not argv:
         return False
     if argv[0] in ("sinfo", "squeue"):
         return False
-    return not (argv[0] == "scontrol" and len(argv) > 1 and argv[1] == "show")
+    if argv[0] != "scontrol":
+        return True
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    return not ((words and words[0] == "show") or list(argv[1:]) == ["--version"])
 
 
 class SlurmCli:

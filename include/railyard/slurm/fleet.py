@@ -119,6 +119,7 @@ class SlurmFleet:
         self._gpus_of: dict[str, int] = {}  # GPUs per node seen in the last sinfo (hardware: stable)
         self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._reported: set[tuple[str, str]] = set()
+        self._version: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"SlurmFleet({self.spec.transport}, {len(self.domain_of)} nodes, runner {self.spec.runner})"
@@ -177,12 +178,13 @@ class SlurmFleet:
         return list(hosts)
 
     # ---- reads (no Slurm write command below, until "writes") ------------------------------------
-    def _nodes(self) -> dict[str, dict[str, Any]]:
-        """Node records; while a restarted slurmctld still reports nodes `unknown` (they have not
-        registered again yet), wait for them rather than call them broken."""
+    def _nodes(self, names: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Node records (of `names` only, where the version can say so); while a restarted slurmctld still
+        reports nodes `unknown` (they have not registered again yet), wait for them rather than call them
+        broken."""
         deadline = time.monotonic() + self.spec.controller_wait_s
         while True:
-            nodes = {name: n for n in self._sinfo() if (name := parse.node_name(n)) in self.domain_of}
+            nodes = {name: n for n in self._sinfo(names) if (name := parse.node_name(n)) in self.domain_of}
             for name, n in nodes.items():
                 addr = parse.node_address(n)
                 if addr:
@@ -192,10 +194,27 @@ class SlurmFleet:
             log.info("slurmctld is recovering: nodes not registered yet; waiting")
             time.sleep(1.0)
 
-    def _sinfo(self) -> list[dict[str, Any]]:
-        """One record per node, from the layout of any Slurm version (23.02+ groups nodes in rows)."""
-        records = parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
-        self._gpus_of = {parse.node_name(n): parse.gpus_per_node(n) for n in records}
+    def slurm_version(self) -> tuple[int, int]:
+        """(major, minor) of the Slurm the CLI talks to (`scontrol --version`: "slurm 23.11.4"), once."""
+        if self._version is None:
+            m = re.search(r"(\d+)\.(\d+)", self.cli.run("scontrol", "--version"))
+            if m is None:
+                raise FleetError("scontrol --version: no version in its answer")
+            self._version = (int(m[1]), int(m[2]))
+        return self._version
+
+    def _sinfo(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """One record per node, each with its own state, reason, features, GPUs and address. From 23.02 on
+        `sinfo --json` groups nodes into rows that carry one node's reason and features for all of them, so
+        nodes are read with `scontrol --json show nodes [NAMES]` (one object per node; only the nodes
+        asked for); 22.05 has no `scontrol --json`, and its `sinfo --json` prints one object per node."""
+        if self.slurm_version() >= (23, 2):
+            argv = ["scontrol", "--json", "show", "nodes", *([",".join(sorted(names))] if names else [])]
+            records = parse.node_records(json.loads(self.cli.run(*argv)))
+        else:
+            records = parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
+        seen = {parse.node_name(n): parse.gpus_per_node(n) for n in records}
+        self._gpus_of = {**self._gpus_of, **seen} if names else seen
         return records
 
     def _squeue(self) -> list[dict[str, Any]]:
@@ -326,7 +345,7 @@ class SlurmFleet:
         wanted = self._check_hosts(names) if names is not None else sorted(self.domain_of)
         if not wanted:
             return []
-        nodes = self._nodes()
+        nodes = self._nodes(wanted if names is not None else None)
         views = self._views(wanted, nodes)
         return [self._host(n, nodes.get(n), views[n]) for n in wanted]
 

@@ -195,9 +195,9 @@ def number(v: Any, default: float | None = None, *, field: str = "number") -> fl
 # ---- nodes -------------------------------------------------------------------------------------------
 
 def node_records(doc: Any) -> list[dict[str, Any]]:
-    """One record per node from any node document: 22.05 `sinfo --json`, `scontrol show nodes --json`
-    and slurmrestd ("nodes"), or 23.02+ `sinfo --json` ("sinfo" rows, one per node and partition),
-    which is split into one copy per node name (first row wins when a node is in several partitions)."""
+    """One record per node from any node document: 22.05 `sinfo --json`, `scontrol --json show nodes` and
+    slurmrestd ("nodes"), or 23.02+ `sinfo -N --json` ("sinfo" rows of one node each; the first row wins
+    when a node is in several partitions). Grouped rows (`sinfo --json` without -N) are refused."""
     d = _record(doc, "document")
     if "nodes" in d and d["nodes"] is not None:
         nodes = d["nodes"]
@@ -212,8 +212,13 @@ def node_records(doc: Any) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
         r = _record(row, "sinfo[]")
-        names = _record(r.get("nodes") or {}, "sinfo[].nodes").get("nodes")
-        for host in _hosts(names, "sinfo[].nodes.nodes"):
+        names = _hosts(_record(r.get("nodes") or {}, "sinfo[].nodes").get("nodes"), "sinfo[].nodes.nodes")
+        if len(names) > 1:  # its reason, features, GPUs and address are one node's: never copied onto the rest
+            raise _bad("sinfo[].nodes.nodes", ",".join(names[:4]) + (",..." if len(names) > 4 else ""),
+                       "one node per row: 23.02+ `sinfo --json` groups nodes that share a state, and the row "
+                       "carries one node's reason and features; read nodes with `scontrol --json show nodes` "
+                       "(or `sinfo -N --json`)")
+        for host in names:
             out.setdefault(host, {**r, "name": host})
     return list(out.values())
 

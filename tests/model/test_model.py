@@ -17,7 +17,9 @@ prints its shrunk schedule and a blob that replays it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -64,6 +66,9 @@ LEDGER_WRITES = {"acquire_domain", "release", "handover", "note", "record_verifi
 GAPS = [("lost", "offboard"), ("kill", "handover"), ("lost", "handover"), ("kill", "note"), ("lost", "drain"),
         ("kill", "release"), ("lost", "return_to_service"), ("kill", "acquire_domain"), ("lost", "upgrade"),
         ("kill", "record_verification"), ("lost", "start_check")]
+
+
+TALLY = {"examples": 0, "checks": 0}
 
 
 class Killed(BaseException):
@@ -288,6 +293,7 @@ class Railyard(RuleBasedStateMachine):
     # ---- the oracle -----------------------------------------------------------------------------
     @invariant()
     def at_most_one_domain_out(self) -> None:
+        TALLY["checks"] += 1  # the invariants run once at the start and after every step
         by_domain = CFG.host_domain()
         holders = self.ledger.holdings()
         leased = {by_domain[h] for h, op in holders.items() if not op.startswith("repair/")}
@@ -334,6 +340,7 @@ class Railyard(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Liveness: faults stop; every run ends; teardowns, the reconciler and the gate settle everything."""
+        TALLY["examples"] += 1
         try:
             self.plan.arm(None)
             self.sim.settings(upgrade_fail_rate=0.0, check_fail_rate=0.0)
@@ -365,6 +372,10 @@ STEPS_PER = int(os.environ.get("RAILYARD_MODEL_STEPS", "20"))
 # (RAILYARD_MODEL_RANDOM=1): a fresh random search. A failure prints the shrunk schedule and a
 # @reproduce_failure blob that replays it exactly.
 RANDOM = os.environ.get("RAILYARD_MODEL_RANDOM") == "1"
+if RANDOM:  # what the long search ran, for its report
+    atexit.register(lambda: print(f"\nmodel search: {TALLY['examples']} schedules, "
+                                  f"{TALLY['checks'] - TALLY['examples']} steps, each followed by the invariants",
+                                  file=sys.stderr))
 Railyard.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS_PER, deadline=None,
                                       suppress_health_check=list(HealthCheck), print_blob=True,
                                       derandomize=not RANDOM, database=None)

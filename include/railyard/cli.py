@@ -50,14 +50,15 @@ def cmd_freeze(args: argparse.Namespace) -> int:
 def _fleet(args: argparse.Namespace, cfg: RailyardConfig, *, read_only: bool = False) -> Fleet:
     """The config's fleet: `http` at --fleet-url, RAILYARD_FLEET_URL or the simulator's port; `ssh` and
     `slurm` from the config, nodes reached with fleet.ssh's user, key_file and known_hosts. `read_only`
-    (plan, drift): an SSH fleet reads the database as the workers left it, and reaches no host."""
+    (plan, drift): an SSH fleet reads the database as the workers left it, a Slurm fleet reads Slurm and
+    the versions Railyard verified on each node (its features); neither reaches a host."""
     import os
 
     backend = cfg.fleet.backend
     if backend == "slurm":
-        from railyard.slurm.fleet import fleet_from_config
+        from railyard.slurm.fleet import SlurmFleet, fleet_from_config
 
-        return fleet_from_config(cfg)
+        return SlurmFleet.reader(cfg) if read_only else fleet_from_config(cfg)
     if backend == "ssh":
         from railyard.ssh.fleet import SshFleet
         from railyard.ssh.runner import Credentials, paramiko_connector

@@ -239,6 +239,32 @@ def test_a_node_in_repair_comes_back_through_the_gate_once_marked_repaired(world
     assert fleet.hosts(["n5"])[0].state == HostState.SERVING
 
 
+def test_the_readers_fleet_reads_slurm_and_the_verified_features_and_reaches_no_host(world, cluster: SlurmCluster):
+    """What the page, plan and drift use: node states from Slurm, versions from the features a passing
+    check published on return; no host is reached (its runner does not exist) and nothing is written."""
+    cfg, fleet, ledger = world()
+    from railyard.slurm.fleet import SlurmFleet
+    from railyard.stop import Stop
+
+    s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c",
+             fleet=fleet, ledger=ledger)
+    assert s.take().granted
+    s.drain()
+    s.upgrade()
+    s.check()
+    assert s.return_hosts()["returned"] == 2
+    reader = SlurmFleet.reader(cfg)
+    writes = len(reader.cli.writes)
+    seen = {h.name: h for h in reader.hosts()}
+    assert seen["n5"].state == HostState.SERVING and seen["n5"].versions == TARGETS, seen["n5"]
+    assert seen["n1"].versions == {}  # never verified by Railyard: nothing claimed
+    assert reader.cli.writes[writes:] == []
+    with pytest.raises(FleetError, match="only reads"):
+        reader.drain(["n1"], "slurm/run1/rack-a")  # its CLI refuses every write
+    assert "DRAIN" not in next(n for n in json.loads(cluster.cli("sinfo", "--json").stdout)["nodes"]
+                               if n["name"] == "n1")["state_flags"]
+
+
 def test_a_job_that_never_checkpoints_is_requeued_by_policy_and_the_loss_recorded(world, cluster: SlurmCluster):
     cfg, fleet, ledger = world(checkpoint={"policy": "requeue", "grace_s": 2})
     jid = submit(cluster, nodes=1, steps=400, extra=("--nodelist=n7",))

@@ -127,7 +127,8 @@ def _shim(tmp_path: Path) -> tuple[Path, Path]:
 
 def _writes(log: Path) -> list[str]:
     calls = log.read_text().splitlines() if log.exists() else []
-    return [c for c in calls if not c.startswith(("sinfo", "squeue", "scontrol show"))]
+    reads = ("sinfo", "squeue", "scontrol show", "scontrol --json show")
+    return [c for c in calls if not c.startswith(reads) and c.strip() != "scontrol --version"]
 
 
 def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh, airflow_db, tmp_path, monkeypatch):

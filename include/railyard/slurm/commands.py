@@ -65,8 +65,9 @@ class SlurmCli:
     """
 
     def __init__(self, spec: SlurmSpec, *, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, read_only: bool = False):
         self.spec = spec
+        self.read_only = read_only  # a reader's CLI (the page, plan, drift): every write is refused
         self.sleep = sleep
         self.clock = clock
         self.writes: list[tuple[str, ...]] = []
@@ -92,6 +93,9 @@ class SlurmCli:
     def run(self, *argv: str, retry: bool = True) -> str:
         for a in argv:
             check_arg(a)
+        if is_write(argv) and self.read_only:
+            raise FleetError(f"this Slurm fleet only reads (the Railyard page, plan, drift): refusing {argv[0]} "
+                             f"{argv[1] if len(argv) > 1 else ''}")
         if is_write(argv):
             self.writes.append(tuple(argv))
             log.info("slurm write: %s", " ".join(argv))

@@ -105,7 +105,10 @@ def fleet_from_config(config: RailyardConfig, connect: Any = None) -> SlurmFleet
 
 
 class SlurmFleet:
-    def __init__(self, config: RailyardConfig, spec: SlurmSpec, runner: HostRunner, *,
+    """`runner=None` is a reader (the Railyard page, `railyard plan`, `drift`): node states from Slurm, versions
+    from each node's `component=version` features (what Railyard last verified on it), and no host reached."""
+
+    def __init__(self, config: RailyardConfig, spec: SlurmSpec, runner: HostRunner | None, *,
                  store: Store | None = None, cli: SlurmCli | None = None):
         self.config = config
         self.spec = spec
@@ -120,6 +123,18 @@ class SlurmFleet:
         self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._reported: set[tuple[str, str]] = set()
         self._version: tuple[int, int] | None = None
+
+    @classmethod
+    def reader(cls, config: RailyardConfig) -> SlurmFleet:
+        """A fleet for read paths: see the class."""
+        spec = config.fleet.slurm or SlurmSpec()
+        return cls(config, spec, None, store=Store(config.ledger.url), cli=SlurmCli(spec, read_only=True))
+
+    @property
+    def run(self) -> HostRunner:
+        if self.runner is None:
+            raise FleetError("this Slurm fleet only reads (the Railyard page, plan, drift): it reaches no host")
+        return self.runner
 
     def __repr__(self) -> str:
         return f"SlurmFleet({self.spec.transport}, {len(self.domain_of)} nodes, runner {self.spec.runner})"
@@ -258,15 +273,18 @@ class SlurmFleet:
         """Versions and upgrade state of a node this run holds (live from the host)."""
         rec = self._record(name) or {}
         op = rec.get("op")
-        view: dict[str, Any] = {"versions": self.runner.versions(name)}
+        view: dict[str, Any] = {"versions": self.run.versions(name)}
         if op and rec.get("phase") == "held":
-            view["upgrade"] = self.runner.upgrade_state(name, op)
+            view["upgrade"] = self.run.upgrade_state(name, op)
             busy = getattr(self.runner, "busy", None)
             view["busy"] = busy(name, op) if busy is not None else None
         return view
 
     def _views(self, names: list[str], nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Per node: its versions (and, when held, its upgrade state), read on the hosts side by side."""
+        """Per node: its versions (and, when held, its upgrade state), read on the hosts side by side; a reader
+        takes the versions Railyard last verified (the node's features) and reaches no host."""
+        if self.runner is None:
+            return {n: {"versions": self._features_versions(nodes.get(n))} for n in names}
         now = time.monotonic()
         ttl = self.config.fleet.ssh.versions_ttl_s if self.config.fleet.ssh else 0.0
         recs = self.store.all(NODE)
@@ -604,18 +622,18 @@ class SlurmFleet:
         self._update_record(host, upgrade_at=self.now(), budget_s=budget)
         if isinstance(self.runner, StandinRunner):
             log.warning("%s: %s", host, STANDIN_WARNING)
-        self.runner.upgrade(host, steps, op)
+        self.run.upgrade(host, steps, op)
 
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
         self._check_hosts([host])
         self._require_ours(host, op)
         if isinstance(self.runner, StandinRunner):
             log.warning("%s: %s", host, STANDIN_WARNING)
-        self.runner.start_check(host, expected, op)
+        self.run.start_check(host, expected, op)
         return None
 
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
-        got = self._fan(self._check_hosts(hosts), lambda h: self.runner.check_result(h, op))
+        got = self._fan(self._check_hosts(hosts), lambda h: self.run.check_result(h, op))
         return [r if isinstance(r, CheckResult) else CheckResult(host=h, status="pending", reason=f"unreachable: {r}")
                 for h, r in got.items()]
 

@@ -71,8 +71,9 @@ class FleetHook(BaseHook):
         return f"{scheme}://{host}{port}"
 
     def get_conn(self, *, read_only: bool = False) -> Fleet:
-        """The fleet. `read_only` (the Railyard page): an SSH fleet reads the database as the workers left it
-        and never reaches a host (the api-server may have no route or key to them)."""
+        """The fleet. `read_only` (the Railyard page): an SSH fleet reads the database as the workers left it,
+        a Slurm fleet reads Slurm and the versions Railyard verified (node features); neither reaches a host
+        (the api-server may have no route or key to them)."""
         if self.backend == "ssh":
             from railyard_airflow.hooks.ssh import SshFleetHook
 
@@ -84,6 +85,10 @@ class FleetHook(BaseHook):
                 return SshFleet.reader(self.config)
             return SshFleetHook(ssh.connection).fleet(self.config)
         if self.backend == "slurm":
+            if read_only:
+                from railyard.slurm.fleet import SlurmFleet
+
+                return SlurmFleet.reader(self.config)
             return _slurm_fleet(self.config)
         conn = self.get_connection(self.fleet_conn_id)
         extra = conn.extra_dejson

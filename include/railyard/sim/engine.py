@@ -87,7 +87,7 @@ class _Host:
         """`public()` as plain JSON data, without building the model (the API's bulk reads)."""
         return {"name": self.name, "domain": self.domain, "sku": self.sku, "gpus": self.gpus,
                 "state": self.state.value, "versions": dict(self.versions), "operation": self.operation,
-                "reason": self.reason, "last_error": self.last_error}
+                "reason": self.reason, "last_error": self.last_error, "seen_at": None}
 
     def public(self) -> Host:
         return Host(

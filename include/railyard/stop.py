@@ -456,8 +456,10 @@ class Stop:
         lost = [h.name for h in now if h.state == HostState.SERVING]
         if not lost:
             return now
-        self.say(f"{self.domain.name}: {', '.join(lost)} back in service though held (a drain the fleet lost); "
-                 "draining again")
+        self.say(f"{self.domain.name}: {', '.join(lost)} back in service though held (a drain the fleet lost, or "
+                 "a drain step marked success); draining again")
+        if not self.skip_checkpoint_reason:  # a drain is a drain: its jobs checkpoint first (invariant 5)
+            self._fresh_before_drain(lost)
         self.fleet.drain(lost, self.op_id)
         self.ledger.note(self.op_id, "drain_again", lost, f"{self.kind} {self.train.id}", actor=self.actor)
         self._wait_drained(names)

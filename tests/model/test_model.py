@@ -413,6 +413,15 @@ def test_found_a_lost_fleet_handover_stalls_the_repair_gate():
            ("whole_run", run | {"domain": "pod-b", "fault": ("lost", "handover")}))
 
 
+def test_found_the_upgrade_drains_again_without_a_checkpoint_after_a_drain_marked_success():
+    """Found by the long search on the fixed code: the checkpoint wait and the drain both marked success, the
+    upgrade step drained the hosts it found serving ("a drain the fleet lost") without asking their jobs."""
+    step = {"at": 0, "fault": None, "i": 0}
+    replay(("new_stop", {"domain": "pod-a", "train": "a"}), ("run_step", step | {"how": "next"}),
+           ("run_step", step | {"how": "marked_success"}), ("run_step", step | {"how": "marked_success"}),
+           ("run_step", step | {"how": "next"}))
+
+
 def test_found_a_drain_after_a_checkpoint_wait_marked_success():
     """`wait_checkpoints` marked success by hand: the drain took the domain's jobs with no checkpoint asked."""
     replay(("new_stop", {"domain": "pod-a", "train": "a"}),

@@ -241,6 +241,26 @@ class SshdFarm:
         time.sleep(0.1)
         for h in self.hosts.values():
             self._kill(h)
+        self._end_orphaned_sessions()
+
+    @staticmethod
+    def _end_orphaned_sessions() -> None:
+        """A connection whose monitor already exited leaves its `sshd: user@notty` child orphaned: adopted by
+        this process (the test session is a child subreaper), outside every listener's tree: the direct children
+        named `sshd: user@...` or `sshd: user [priv]`, never a listener."""
+        import psutil
+
+        orphans = []
+        for p in psutil.Process().children():
+            try:
+                cmd = " ".join(p.cmdline())
+                # a listener calls itself `sshd: /usr/sbin/sshd -D ... [listener] ...`: never one of them
+                if cmd.startswith("sshd: ") and not cmd.startswith("sshd: /") and "[listener]" not in cmd:
+                    p.kill()
+                    orphans.append(p)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(orphans, timeout=5)
 
     def reset(self, name: str, profile: str | None = None) -> None:
         """Fresh state for a host: initial versions, no logs, empty work dir."""

@@ -66,7 +66,10 @@ def release_lease(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: s
             stop.offboard(h.name, f"sent to repair by {actor}: {reason}")
             sent.append(h.name)
     left = sorted(ledger.holdings(op_id))
-    forget = getattr(fleet, "forget", None)  # the fleet's own record of the hold ends with it (Slurm's gate)
+    # the fleet's own record of the hold ends with it (Slurm's gate), and before it: a crash between leaves the
+    # lease, and the same release run again finishes (forget is idempotent); the other order would leave a hold
+    # with no lease behind it, which the gate would keep draining for ever
+    forget = getattr(fleet, "forget", None)
     if forget is not None and left:
         forget(left, op_id)
     ledger.release(op_id, actor=actor, reason=f"released by hand: {reason}")

@@ -508,9 +508,10 @@ class Stop:
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
         offboarded = []
         held = self.held()  # an emergency may have taken some over meanwhile
+        seen = set(self.offboarded())
         for h in self.fleet.hosts(held):
             if h.state == HostState.DRAINED and h.last_error:
-                self.offboard(h.name, f"upgrade failed: {h.last_error}")
+                self.offboard(h.name, f"upgrade failed: {h.last_error}", seen)
                 offboarded.append(h.name)
         upgraded = [h.name for h in self.fleet.hosts(held) if h.state == HostState.DRAINED]
         return {"upgraded": len(upgraded), "offboarded": offboarded}
@@ -539,6 +540,7 @@ class Stop:
         self._wait("health check", self.timeouts.check_s, probe)
         failed: list[str] = []
         still = set(self.held())  # an emergency may have taken some over meanwhile
+        known = set(self.offboarded())
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
             if r.host not in still:
                 continue
@@ -553,7 +555,7 @@ class Stop:
             if want == self.targets_for(r.host):  # a check at versions no release brought is no release outcome
                 record_outcome(self, r.host, ok, reason)
             if not ok:
-                self.offboard(r.host, f"health check failed: {reason}")
+                self.offboard(r.host, f"health check failed: {reason}", known)
                 failed.append(r.host)
         self.halt_if_failing()
         return {"checked": len(todo), "passed": len(todo) - len(failed), "offboarded": failed}
@@ -609,12 +611,13 @@ class Stop:
         self._settle_repairs(hosts)
         held = self.held()
         hosts = [h for h in hosts if h.name in set(held)]
-        unverified = [h.name for h in hosts if h.state == HostState.DRAINED and not self.verified(h)]
-        for name in unverified:
-            h = next(x for x in hosts if x.name == name)
+        unverified = [h for h in hosts if h.state == HostState.DRAINED and not self.verified(h)]
+        seen = set(self.offboarded())
+        for h in unverified:
             if h.last_error:
-                self.offboard(name, f"upgrade failed: {h.last_error}")
-        gate = [h.name for h in self.fleet.hosts(unverified) if h.state == HostState.DRAINED]
+                self.offboard(h.name, f"upgrade failed: {h.last_error}", seen)
+        unverified_names = [h.name for h in unverified]
+        gate = [h.name for h in self.fleet.hosts(unverified_names) if h.state == HostState.DRAINED]
         if gate:
             self.say(f"{self.domain.name}: {len(gate)} host(s) not yet verified; checking before return")
             self.check(gate)
@@ -624,8 +627,9 @@ class Stop:
         hosts = self.fleet.hosts(held)
         back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h)]
         stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in back]
+        seen = set(self.offboarded())
         for name in stray:  # drained, not verified and not checkable: never returned unverified
-            self.offboard(name, "could not be verified at target versions")
+            self.offboard(name, "could not be verified at target versions", seen)
         if back:
             self.fleet.return_to_service(back, self.op_id)
             self.ledger.note(self.op_id, "return", back, "verified at " + _fmt_targets(self.targets), actor=self.actor)
@@ -681,20 +685,24 @@ class Stop:
     def offboarded(self) -> list[str]:
         return sorted({h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "offboard" for h in r["hosts"]})
 
-    def offboard(self, host: str, reason: str) -> None:
+    def offboard(self, host: str, reason: str, seen: set[str] | None = None) -> None:
         """Hand the host to a repair operation: it stays out, counts against the failure buffer,
         carries its evidence, and comes back only through the health gate. Idempotent across every gap:
         a host the fleet already has in repair (an answer lost, a worker killed after the fleet call) is
-        found by the next step's `_settle_repairs`, which finishes the ledger's part."""
+        found by the next step's `_settle_repairs`, which finishes the ledger's part. A loop over many hosts
+        passes `seen` (`set(self.offboarded())`, read once) so that a domain's offboards read the audit once."""
         self.fleet.offboard(host, reason, self.op_id)
-        self._record_offboard(host, reason)
+        self._record_offboard(host, reason, seen)
 
-    def _record_offboard(self, host: str, reason: str) -> None:
+    def _record_offboard(self, host: str, reason: str, seen: set[str] | None = None) -> None:
         """The ledger's part of an offboard (note, release outcome, lease handed to the repair), each once."""
-        if host not in self.offboarded():
+        if seen is None:
+            seen = set(self.offboarded())
+        if host not in seen:
             self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
             record_outcome(self, host, False, reason)
             self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
+            seen.add(host)
         if self.op_id.startswith("repair/"):
             return  # a repair whose gate failed keeps the host
         repair_op = f"repair/{host}/{self.op_id}"
@@ -710,10 +718,11 @@ class Stop:
         handed over in the fleet too."""
         if self.op_id.startswith("repair/"):
             return
+        seen = set(self.offboarded())
         for h in hosts:
             if h.state == HostState.REPAIR:
-                self._record_offboard(h.name, h.reason or f"found in repair while held by {self.op_id}")
-        for name in self.offboarded() if handovers else []:
+                self._record_offboard(h.name, h.reason or f"found in repair while held by {self.op_id}", seen)
+        for name in sorted(seen) if handovers else []:
             repair_op = f"repair/{name}/{self.op_id}"
             if name in self.ledger.holdings(repair_op):
                 self.fleet.handover([name], self.op_id, repair_op)

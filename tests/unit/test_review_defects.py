@@ -322,3 +322,20 @@ def test_a_drain_refuses_while_a_job_has_no_fresh_checkpoint(tmp_path):
         s.drain()
     assert all(h.state == HostState.SERVING for h in fleet.hosts(s.held()))  # nothing drained
     assert fleet.audit()["interruptions"] == []
+
+
+def test_a_domain_whose_hosts_all_fail_reads_the_audit_once_per_step_not_once_per_host(tmp_path):
+    cfg, clock, fleet, ledger, stop = world(tmp_path, check_fail_rate=1.0)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    reads = []
+    audit_rows = ledger.audit_rows
+    ledger.audit_rows = lambda *a, **kw: reads.append(a) or audit_rows(*a, **kw)  # type: ignore[method-assign]
+    out = s.check()
+    assert len(out["offboarded"]) == len(cfg.domain("pod-a").hosts) >= 4
+    assert len(reads) <= 1, reads  # was one read of the whole operation's audit per host offboarded
+    assert sorted(s.offboarded()) == sorted(out["offboarded"])
+    assert s.return_hosts()["offboarded"] == sorted(out["offboarded"])

@@ -112,3 +112,36 @@ def test_a_gpu_skipped_in_a_real_report_is_a_gpu_not_tested():
     assert not v.passed and "memory: skip on GPU 0" in v.summary, v.summary
     v = parse_dcgmi_diag(json.dumps(doc), 0, level=3, expected_gpus=4, may_skip={"memory": "known on this SKU"})
     assert v.passed and "allowed: known on this SKU" in v.summary, v.summary
+
+
+def test_a_level_three_skip_of_the_eud_test_fails_unless_the_config_allows_it():
+    name = "11-virtualclient-dcgm3-r3-1gpu-eud-skip.json"
+    v = parse_dcgmi_diag(text("dcgm", name), 0, level=3, expected_gpus=1)
+    assert not v.passed and "EUD Test: skip on GPU 0" in v.summary, v.summary
+    v = parse_dcgmi_diag(text("dcgm", name), 0, level=3, expected_gpus=1, may_skip={"EUD Test": "no EUD package"})
+    assert v.passed and "allowed: no EUD package" in v.summary, v.summary
+    # a healthy 1-GPU report judged for an 8-GPU SKU: seven GPUs were never tested
+    v = parse_dcgmi_diag(text("dcgm", "10-virtualclient-dcgm3-r2-1gpu-pass.json"), 0, level=2, expected_gpus=8)
+    assert not v.passed and "lists 1 of 8 GPUs" in v.summary, v.summary
+
+
+def test_a_level_one_report_names_no_gpu_and_is_judged_by_its_checks():
+    v = parse_dcgmi_diag(text("dcgm", "09-virtualclient-dcgm3-r1-1gpu-pass.json"), 0, level=1, expected_gpus=8)
+    assert v.passed and v.evidence["software_checks"] == 9, v.summary
+    # ... but a level-1 report that names GPUs must name them all
+    v = parse_dcgmi_diag(text("dcgm", "06-gb10-dcgm4.2.3-r1-software-fail.json"), 0, level=1, expected_gpus=8)
+    assert not v.passed
+
+
+def test_a_gpu_listed_twice_is_one_gpu():
+    """The padded 8-row capture: its five columns of Railyard's query, ECC mode left out by the tool's caller."""
+    lines = text("nvidia-smi", "13-csv-8xh100-padded-duplicate-bus-ids.csv").splitlines()
+    head = [h.strip() for h in lines[0].split(",")]
+    cols = [head.index(f) for f in ("index", "name", "pci.bus_id", "driver_version",
+                                    "ecc.errors.uncorrected.volatile.total")]
+    rows = [", ".join([[c.strip() for c in ln.split(",")][i] for i in cols]) for ln in lines[1:]]
+    v = parse_nvidia_smi("\n".join(rows), 0, expected_gpus=8, expected_driver=None, expect_ecc=False)
+    assert not v.passed  # 5 columns of 6: an unexpected line; with the ECC mode column a tool prints:
+    v = parse_nvidia_smi("\n".join(r + ", Enabled" for r in rows), 0, expected_gpus=8, expected_driver="535.161.07")
+    assert not v.passed and "PCI bus id 00000000:0A:00.0, 00000000:11:00.0 listed more than once" in v.summary, v.summary
+    assert "(4 distinct GPUs in 8 rows)" in v.summary

@@ -111,6 +111,11 @@ def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver:
     if not gpus:
         return Verdict(check=name, passed=False, summary=f"nvidia-smi: no GPUs listed (exit {rc}): {_seen(text)}",
                        evidence={**ev, "output": _tail(text)})
+    buses = [g["bus_id"] for g in gpus if g["bus_id"] not in _NOT_READ]
+    twice = sorted({b for b in buses if buses.count(b) > 1})
+    if twice:  # one GPU listed twice is not two GPUs: the report does not show the SKU's count
+        problems.insert(0, f"PCI bus id {', '.join(twice[:2])} listed more than once "
+                           f"({len(set(buses))} distinct GPUs in {len(gpus)} rows)")
     if len(gpus) != expected_gpus:
         problems.insert(0, f"{len(gpus)} of {expected_gpus} GPUs visible")
     if problems:
@@ -252,7 +257,10 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | Non
     if not hardware and not software_run:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: 0 tests run (exit {rc})",
                        evidence={**ev, "output": _tail(text)})
-    if expected_gpus and len(gpus_seen) < expected_gpus:
+    # level 1 runs the deployment checks only, and DCGM names a GPU in one only when it failed (dcgmi/Diag.cpp):
+    # a level-1 report that names no GPU says nothing of the count, which the inventory check sees
+    count_unseen = level < 2 and not hardware and not gpus_seen
+    if expected_gpus and len(gpus_seen) < expected_gpus and not count_unseen:
         return Verdict(check=name, passed=False,
                        summary=f"dcgmi diag -r {level}: the report lists {len(gpus_seen)} of {expected_gpus} GPUs "
                                f"({', '.join(map(str, sorted(gpus_seen))) or 'none'})", evidence=ev)
@@ -267,6 +275,10 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | Non
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: exit {rc}", evidence=ev)
     extra = f", skips allowed: {'; '.join(allowed)}" if allowed else ""
+    if count_unseen:
+        return Verdict(check=name, passed=True,
+                       summary=f"dcgmi diag -r {level}: {software_run} deployment checks passed (no GPU named)",
+                       evidence=ev)
     return Verdict(check=name, passed=True,
                    summary=f"dcgmi diag -r {level}: {len(hardware)} hardware tests passed on {len(want)} GPUs{extra}",
                    evidence=ev)

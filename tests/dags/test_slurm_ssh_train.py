@@ -32,7 +32,7 @@ from tests.support.sshd import SshdFarm
 
 TARGETS = {"gpu-driver": "570.86.15", "kernel": "6.1.0-28"}
 BEFORE = {"gpu-driver": "550.127.08", "kernel": "6.1.0-25"}
-PROFILES = {"n1": "install_fail", "n3": "dcgm_pcie", "n5": "no_reboot"}
+PROFILES = {"n1": "install_fail", "n3": "dcgm_fail", "n5": "no_reboot"}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_train_dag_installs_reboots_and_checks_over_ssh(cluster, farm, fresh, ai
         assert {"gpu-driver=570.86.15", "kernel=6.1.0-28"} <= feats[n]
     # failing hosts stay drained in repair with the tool's own words, and get no new features
     assert hosts["n1"].state == HostState.REPAIR and "dpkg: error processing package" in (hosts["n1"].reason or "")
-    assert hosts["n3"].state == HostState.REPAIR and "PCIe" in (hosts["n3"].reason or "")
+    assert hosts["n3"].state == HostState.REPAIR and "sm_stress on GPU 0" in (hosts["n3"].reason or "")
     assert hosts["n5"].state == HostState.REPAIR and "reboot not proven" in (hosts["n5"].reason or "")
     assert farm["n5"].reboots() == 1 and farm["n5"].boot_id() == boots["n5"]
     for n in PROFILES:
@@ -197,7 +197,7 @@ def test_plan_drift_dry_run_and_emergency_plan_never_write(cluster, farm, fresh,
 
 
 def test_a_halted_train_and_a_revisit_leave_no_reservation(cluster, farm, fresh, airflow_db, tmp_path, monkeypatch):
-    fresh({"n3": "dcgm_pcie"})
+    fresh({"n3": "dcgm_fail"})
     data = slurm_ssh_config(cluster, farm, tmp_path / "state",
                             trains=[{"id": "slurm", "releases": ["driver-570", "kernel-28"],
                                      "max_failure_fraction": 0.1}])

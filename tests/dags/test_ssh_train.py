@@ -23,13 +23,14 @@ NAMES = [f"gpu-{d}{i:02d}" for d in "abcd" for i in range(1, 5)]
 FAULTS = {
     "gpu-a02": ("ecc", "health check failed: nvidia-smi: GPU 3 has 12 uncorrected ECC errors"),
     "gpu-b01": ("missing_gpu", "health check failed: nvidia-smi: 7 of 8 GPUs visible"),
-    "gpu-b03": ("slow_nvlink", "health check failed: all_reduce_perf: bus bandwidth 91.6 GB/s below floor 300.0 GB/s"),
-    "gpu-c02": ("xid79", "health check failed: XID 79 on PCI:0000:5a:00: pid=0, name=swapper/0, GPU has fallen off the bus."),
+    "gpu-b03": ("slow_nvlink", "health check failed: all_reduce_perf: bus bandwidth 235.3 GB/s below floor 300.0 GB/s"),
+    "gpu-c02": ("xid79", "health check failed: XID 79 on PCI:0000:a1:00: pid='<unknown>', name=<unknown>, "
+                        "GPU has fallen off the bus."),
     "gpu-c04": ("install_fail", "upgrade failed: gpu-driver: install exit 1: Unpacking gpu-driver (570.86.15) ... "
                                 "dpkg: error processing package gpu-driver-570.86.15 (--configure)"),
     "gpu-d01": ("install_hang", "upgrade failed: gpu-driver: install timed out after 3s"),
-    "gpu-d03": ("dcgm_pcie", "health check failed: dcgmi diag -r 2: PCIe on GPU 5: Found 667 PCIe replays on GPU 5 "
-                             "(threshold 250)"),
+    "gpu-d03": ("dcgm_fail", "health check failed: dcgmi diag -r 2: sm_stress on GPU 0: Max stress level of 2128.7 "
+                             "did not exceed desired stress level of 3000.0 for GPU 0"),
 }
 
 

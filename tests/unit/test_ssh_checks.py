@@ -22,13 +22,17 @@ from railyard.ssh.spec import FATAL_XIDS, HealthChecksSpec
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "standins"
 
 
-def standin(tool: str, profile: str, tmp_path: Path, *args: str) -> tuple[str, int]:
-    """The stand-in's output for a profile: the same text the SSH tests parse from the hosts."""
+CHECK_OF = {"nvidia-smi": "gpu_inventory", "dcgmi": "dcgm", "all_reduce_perf": "nccl", "dmesg": "xid"}
+
+
+def standin(tool: str, profile: str, tmp_path: Path) -> tuple[str, int]:
+    """The stand-in's answer to the command Railyard runs, for a profile: what the SSH tests parse from the hosts
+    (the stand-ins print samples of tests/fixtures/real/, chosen by profile)."""
     (tmp_path / "versions").mkdir(exist_ok=True)
     (tmp_path / "profile").write_text(profile)
     (tmp_path / "versions" / "gpu-driver").write_text("570.86.15\n")
-    r = subprocess.run([str(STANDINS / tool), *args], capture_output=True, text=True,
-                       env={"RAILYARD_HOST_STATE": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(["sh", "-c", check_command(CHECK_OF[tool], HealthChecksSpec(), 8)], capture_output=True,
+                       text=True, env={"RAILYARD_HOST_STATE": str(tmp_path), "PATH": f"{STANDINS}:/usr/bin:/bin"})
     return r.stdout, r.returncode
 
 
@@ -44,6 +48,9 @@ def test_nvidia_smi_healthy_and_faulty(tmp_path):
     assert not v.passed and "7 of 8 GPUs visible" in v.summary
     v = parse_nvidia_smi(out, rc, expected_gpus=7, expected_driver="550.127.08")
     assert not v.passed and "driver 570.86.15 (expected 550.127.08)" in v.summary
+    out, rc = standin("nvidia-smi", "ecc_off", tmp_path)  # a real report's GPUs with ECC disabled
+    v = parse_nvidia_smi(out, rc, expected_gpus=8, expected_driver="570.86.15")
+    assert not v.passed and "GPU 0 ECC mode Disabled (the SKU expects ECC on)" in v.summary
 
 
 def test_nvidia_smi_real_failure_text():
@@ -63,14 +70,15 @@ def test_nvidia_smi_real_failure_text():
 
 
 def test_dcgmi_diag(tmp_path):
-    out, rc = standin("dcgmi", "healthy", tmp_path, "diag", "-r", "2", "-j")
+    out, rc = standin("dcgmi", "healthy", tmp_path)
     v = parse_dcgmi_diag(out, rc, level=2, expected_gpus=8)
-    assert v.passed and v.evidence["tests"] == 3 and v.evidence["software_checks"] == 8
+    assert v.passed and v.evidence["tests"] == 2 and v.evidence["software_checks"] == 9
     assert not parse_dcgmi_diag(out, rc, level=2, expected_gpus=9).passed  # a GPU missing from the report
-    out, rc = standin("dcgmi", "dcgm_pcie", tmp_path, "diag", "-r", "2", "-j")
+    out, rc = standin("dcgmi", "dcgm_fail", tmp_path)
     v = parse_dcgmi_diag(out, rc, level=2)
     assert not v.passed
-    assert v.summary == "dcgmi diag -r 2: PCIe on GPU 5: Found 667 PCIe replays on GPU 5 (threshold 250)"
+    assert rc == 226 and v.summary.startswith("dcgmi diag -r 2: sm_stress on GPU 0: Max stress level of 2128.7 did "
+                                              "not exceed desired stress level of 3000.0 for GPU 0 | ")
     assert not parse_dcgmi_diag("Error: unable to establish a connection to the specified host: localhost", 255, level=3).passed
     old = '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "Diagnostic", "results": [{"gpu_ids": "2", "status": "Fail", "warnings": "GPU 2 failed the SM stress test"}]}]}]}}'
     v = parse_dcgmi_diag(old, 0, level=3)
@@ -80,11 +88,11 @@ def test_dcgmi_diag(tmp_path):
 def test_all_reduce_perf_floor(tmp_path):
     out, rc = standin("all_reduce_perf", "healthy", tmp_path)
     v = parse_all_reduce_perf(out, rc, floor_gbps=300)
-    assert v.passed and v.evidence["busbw_gbps"] == 366.45 and v.evidence["size_bytes"] == 8589934592
+    assert v.passed and v.evidence["busbw_gbps"] == 476.53 and v.evidence["size_bytes"] == 4294967296
     out, rc = standin("all_reduce_perf", "slow_nvlink", tmp_path)
     v = parse_all_reduce_perf(out, rc, floor_gbps=300)
-    assert not v.passed and "bus bandwidth 91.6 GB/s below floor 300.0 GB/s" in v.summary
-    wrong = out.replace("91.60      0", "91.60      3", 1)
+    assert not v.passed and "bus bandwidth 235.3 GB/s below floor 300.0 GB/s" in v.summary
+    wrong = out.replace("235.26    N/A", "235.26      3", 1)
     assert "wrong results" in parse_all_reduce_perf(wrong, 0, floor_gbps=10).summary
     assert not parse_all_reduce_perf("Segmentation fault (core dumped)\n", 139, floor_gbps=10).passed
 
@@ -92,10 +100,11 @@ def test_all_reduce_perf_floor(tmp_path):
 def test_xid(tmp_path):
     out, rc = standin("dmesg", "healthy", tmp_path)
     v = parse_xid(out, rc, fatal=FATAL_XIDS)
-    assert v.passed and v.evidence["xids"][0]["xid"] == 31  # a non-fatal XID is evidence, not a failure
+    assert v.passed and [x["xid"] for x in v.evidence["xids"]] == [43, 43, 31]  # non-fatal XIDs: evidence only
     out, rc = standin("dmesg", "xid79", tmp_path)
     v = parse_xid(out, rc, fatal=FATAL_XIDS)
-    assert not v.passed and v.summary.startswith("XID 79 on PCI:0000:5a:00: pid=0, name=swapper/0, GPU has fallen off the bus.")
+    assert not v.passed and v.summary.startswith("XID 79 on PCI:0000:a1:00: pid='<unknown>', name=<unknown>, "
+                                                 "GPU has fallen off the bus.")
 
 
 def test_versions_verdict():
@@ -165,7 +174,7 @@ def test_xid_journalctl_and_dmesg_shapes():
 def test_xid_partial_read_fails(tmp_path):
     out, _ = standin("dmesg", "healthy", tmp_path)
     v = parse_xid(out, 124, fatal=FATAL_XIDS)  # killed by the timeout part-way: the rest was not seen
-    assert not v.passed and v.summary.startswith("kernel log read failed (exit 124) after 4 line(s)")
+    assert not v.passed and v.summary.startswith("kernel log read failed (exit 124) after 8 line(s)")
 
 
 def test_xid_command_prefers_dmesg(tmp_path):

@@ -353,3 +353,48 @@ def test_a_maintenance_reservation_overlaps_someone_elses_and_leaves_it_alone(wo
         assert set(fleet.reservations()) == {"ml_team_demo"}
     finally:
         cluster.cli("scontrol", "delete", "reservationname=ml_team_demo")
+
+
+REAL_SLURM = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "slurm"
+
+
+def _keys(doc: dict, part: str) -> set[str]:
+    return {k for item in doc.get(part, []) for k in item}
+
+
+def test_the_reads_railyard_runs_on_the_live_cluster_match_the_recorded_corpus(world, cluster: SlurmCluster):
+    """The live check of the 22.05 corpus: the exact commands the fleet's reads run, on the test cluster with
+    an admin's drain and a running job, print documents of the recorded shape (every node and job field the
+    corpus holds, and no other). `RAILYARD_RECORD_SLURM=1` writes what they printed into the corpus instead."""
+    import os
+
+    cfg, fleet, _ledger = world()
+    cluster.cli("scontrol", "update", "nodename=n2", "state=drain", "reason=admin: bad dimm")
+    job = submit(cluster, nodes=2, steps=400)
+    cluster._wait("job running", lambda: job_log(cluster, job), timeout=30)
+    seen: list[tuple[tuple[str, ...], str]] = []
+    run = fleet.cli.run
+
+    def recorded(*argv: str, **kw) -> str:  # noqa: ANN003
+        out = run(*argv, **kw)
+        seen.append((argv, out))
+        return out
+
+    fleet.cli.run = recorded  # type: ignore[method-assign]
+    hosts = {h.name: h for h in fleet.hosts()}
+    jobs = fleet.jobs()
+    assert [argv for argv, _ in seen] == [("scontrol", "--version"), ("sinfo", "--json"), ("squeue", "--json")], seen
+    assert hosts["n2"].state == HostState.FAILED and "bad dimm" in (hosts["n2"].reason or "")
+    assert job in {j.id for j in jobs}
+    version = seen[0][1].split()[1]
+    assert version.startswith("22.05."), version
+    docs = {"sinfo": json.loads(seen[1][1]), "squeue": json.loads(seen[2][1])}
+    if os.environ.get("RAILYARD_RECORD_SLURM"):
+        for cmd, (_argv, out) in zip(("sinfo", "squeue"), seen[1:], strict=True):
+            (REAL_SLURM / f"22.05-{cmd}-live.json").write_text(out)
+        (REAL_SLURM / "22.05-version-live.txt").write_text(seen[0][1])
+    corpus_sinfo = json.loads((REAL_SLURM / "22.05-sinfo-live.json").read_text())
+    corpus_squeue = json.loads((REAL_SLURM / "22.05-squeue-live.json").read_text())
+    assert _keys(docs["sinfo"], "nodes") == _keys(corpus_sinfo, "nodes")
+    assert _keys(docs["squeue"], "jobs") == _keys(corpus_squeue, "jobs")
+    assert (REAL_SLURM / "22.05-version-live.txt").read_text().split()[1] == version

@@ -306,6 +306,20 @@ def test_a_real_25_11_scontrol_show_node_document_is_read_per_node() -> None:
         parse.node_state(rec)  # every node's own state reads
 
 
+def test_the_live_22_05_documents_read_per_node_with_the_admins_drain_as_the_admins() -> None:
+    """What the fleet's reads printed on the test cluster (recorded by test_slurm_fleet.py's live check):
+    an admin's drain with its reason, two nodes mixed under a running job, the job on them."""
+    sinfo = json.loads((REAL / "22.05-sinfo-live.json").read_text())
+    recs = {parse.node_name(r): r for r in parse.node_records(sinfo)}
+    assert sorted(recs) == [f"n{i}" for i in range(1, 9)]
+    assert parse.node_state(recs["n2"]) == ("idle", frozenset({"DRAIN"}))
+    assert parse.node_reason(recs["n2"]) == "admin: bad dimm" and parse.node_reason_user(recs["n2"]) == "root"
+    assert all(parse.gpus_per_node(r) == 0 for r in recs.values())  # the test cluster declares no GRES
+    (job,) = json.loads((REAL / "22.05-squeue-live.json").read_text())["jobs"]
+    assert parse.job_state(job) == "RUNNING" and parse.job_node_count(job) == 2
+    assert {parse.node_state(recs[n])[0] for n in ("n3", "n4")} == {"mixed"}
+
+
 def test_node_records_of_other_documents() -> None:
     assert parse.node_records({"meta": {}, "errors": []}) == []
     assert [parse.node_name(n) for n in parse.node_records(load("22.05", "sinfo.json"))] == ["n1", "n2", "n3", "n4", "n5"]

@@ -758,6 +758,24 @@ class Ledger:
                 )
             return detail[key]
 
+    def add_detail_entries(self, op_id: str, key: str, entries: dict[str, object]) -> dict[str, object]:
+        """Add to the mapping `key` of the operation the entries it does not have yet (an entry once stored is
+        never changed); returns the mapping as stored."""
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(operations.c.detail).where(operations.c.id == op_id)).first()
+            if r is None:
+                raise KeyError(f"unknown operation {op_id!r}")
+            detail = json.loads(r.detail or "{}")
+            have = detail.setdefault(key, {})
+            new = {k: v for k, v in entries.items() if k not in have}
+            if new:
+                have.update(new)
+                c.execute(
+                    update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=time.time())
+                )
+            return dict(have)
+
     def note(self, op_id: str | None, action: str, hosts: Iterable[str], reason: str, actor: str = "railyard") -> None:
         with self.engine.begin() as c:
             _audit(c, actor, op_id, action, list(hosts), reason)

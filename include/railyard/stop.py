@@ -278,15 +278,23 @@ class Stop:
             unavailable=unavailable, actor=self.actor, take_over_from=trains, probe=probe,
         )
         if d.granted and trains:
-            done: list[tuple[list[str], str]] = []
             try:
                 for src in trains:
-                    moved = [h for h in self.hosts if holders.get(h) == src]
+                    # in the fleet, only what it holds under `src`: a host that failed by itself (or that `src`
+                    # never took out) is no operation's there, and passes with the lease alone
+                    moved = [h for h in self.hosts if holders.get(h) == src and fleet_hosts[h].operation == src]
                     self.fleet.handover(moved, src, self.op_id)
-                    done.append((moved, src))
+                    stray = [h for h in self.hosts if holders.get(h) == src and h not in moved
+                             and fleet_hosts[h].state in BROKEN_STATES]
+                    forget = getattr(self.fleet, "forget", None)  # and `src`'s own record of them ends (Slurm)
+                    if forget is not None and stray:
+                        forget(stray, src)
             except Exception as exc:  # put everything back as it was: nothing half-handed over
-                for moved, src in done:
-                    self.fleet.handover(moved, self.op_id, src)
+                now = {h.name: h for h in self.fleet.hosts(self.hosts)}
+                for src in trains:
+                    back = [h for h in self.hosts if holders.get(h) == src and now[h].operation == self.op_id]
+                    if back:
+                        self.fleet.handover(back, self.op_id, src)
                 for src in trains:
                     self.ledger.handover([h for h in self.hosts if holders.get(h) == src], self.op_id, src,
                                          kind="train_stop", reason=f"takeover undone: {exc}", actor=self.actor)
@@ -352,6 +360,21 @@ class Stop:
                              f"({', '.join(f'{k}={v}' for k, v in cost.items()) or 'no jobs'})", actor=self.actor)
         return float("-inf")
 
+    def _cost_of_skipping(self, hosts: list[str]) -> None:
+        """At the drain of a stop that skips checkpoints: a job on `hosts` that came after the skip was recorded
+        (placed on the domain since) has its cost recorded too, before it is drained."""
+        skipped = self.ledger.detail(self.op_id).get("checkpoint_skipped") or {}
+        known = set(skipped.get("gpu_hours_at_risk") or {})
+        late = [j for j in self.fleet.jobs(hosts) if j.state == "running" and j.id not in known]
+        if not late:
+            return
+        now = self.fleet.now()
+        cost = {j.id: round((now - j.last_checkpoint) / 3600 * j.gpus, 3) for j in late}
+        self.ledger.add_detail_entries(self.op_id, "gpu_hours_at_risk_late", cost)
+        self.ledger.note(self.op_id, "checkpoint_skipped", hosts,
+                         f"{self.skip_checkpoint_reason}; placed since: GPU-hours at risk: {sum(cost.values()):.2f} "
+                         f"({', '.join(f'{k}={v}' for k, v in cost.items())})", actor=self.actor)
+
     def _reserve(self) -> None:
         """Fleets with reservations (Slurm) reserve the domain as soon as its lease is granted, and a
         train's first visit reserves its later domains at their expected windows (a revisit or an
@@ -406,6 +429,8 @@ class Stop:
         to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
         if to_drain and not self.skip_checkpoint_reason:
             self._fresh_before_drain(to_drain)
+        elif to_drain:
+            self._cost_of_skipping(to_drain)
         if to_drain:
             self.fleet.drain(to_drain, self.op_id)
             self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
@@ -460,6 +485,8 @@ class Stop:
                  "a drain step marked success); draining again")
         if not self.skip_checkpoint_reason:  # a drain is a drain: its jobs checkpoint first (invariant 5)
             self._fresh_before_drain(lost)
+        else:
+            self._cost_of_skipping(lost)
         self.fleet.drain(lost, self.op_id)
         self.ledger.note(self.op_id, "drain_again", lost, f"{self.kind} {self.train.id}", actor=self.actor)
         self._wait_drained(names)

@@ -495,11 +495,14 @@ class SimEngine:
         """Hosts held by `from_op` pass to `to_op` without coming back in between."""
         self._check_op(from_op)
         self._check_op(to_op)
-        for h in (self._host(n) for n in hosts):
+        moving = []
+        for h in (self._host(n) for n in hosts):  # all checked before any moves: never half handed over
             if h.operation == to_op or (h.operation is None and h.state == HostState.SERVING):
                 continue  # already handed over, or not taken out yet: nothing to hand over here
             if h.operation != from_op:
                 raise self._refuse(h, from_op, f"cannot hand {h.name} from {from_op} to {to_op}: {self._describe(h)}")
+            moving.append(h)
+        for h in moving:
             h.operation = to_op
             self._dirty = True
 

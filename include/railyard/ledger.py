@@ -25,7 +25,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -758,7 +758,7 @@ class Ledger:
                 )
             return detail[key]
 
-    def add_detail_entries(self, op_id: str, key: str, entries: dict[str, object]) -> dict[str, object]:
+    def add_detail_entries(self, op_id: str, key: str, entries: Mapping[str, object]) -> dict[str, object]:
         """Add to the mapping `key` of the operation the entries it does not have yet (an entry once stored is
         never changed); returns the mapping as stored."""
         with self.engine.begin() as c:

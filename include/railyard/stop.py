@@ -518,6 +518,7 @@ class Stop:
         self._wait("in-flight work", self.timeouts.upgrade_s, lambda: (
             not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
             "waiting for work in flight"))
+        self._settle_repairs(self.fleet.hosts(held))  # a host this stop offboarded is never upgraded by it again
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
         work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self._drained_again([n for n in held if n in mine])
                 if h.state == HostState.DRAINED and h.last_error is None}
@@ -548,6 +549,8 @@ class Stop:
         """Deep health check of the drained hosts; failures go to repair with the evidence."""
         held = self._require_lease()
         names = hosts if hosts is not None else held
+        # nor checked by it; `known`: what it offboarded, read once
+        known = self._settle_repairs(self.fleet.hosts(held)) if hosts is None else set(self.offboarded())
         mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
         ours = [n for n in names if n in mine]
         others = [n for n in names if n not in mine]
@@ -567,7 +570,6 @@ class Stop:
         self._wait("health check", self.timeouts.check_s, probe)
         failed: list[str] = []
         still = set(self.held())  # an emergency may have taken some over meanwhile
-        known = set(self.offboarded())
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
             if r.host not in still:
                 continue
@@ -738,21 +740,26 @@ class Stop:
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
 
-    def _settle_repairs(self, hosts: list[Host], *, handovers: bool = True) -> None:
+    def _settle_repairs(self, hosts: list[Host], *, handovers: bool = True) -> set[str]:
         """Finish every offboard a crash or a lost answer left half-done, before any lease is released:
         a held host the fleet has in repair goes to its repair operation (never released with no repair
         holding it), and a host whose lease a repair took while the fleet still names this operation is
         handed over in the fleet too."""
-        if self.op_id.startswith("repair/"):
-            return
         seen = set(self.offboarded())
+        if self.op_id.startswith("repair/"):
+            return seen
         for h in hosts:
             if h.state == HostState.REPAIR:
                 self._record_offboard(h.name, h.reason or f"found in repair while held by {self.op_id}", seen)
+        # offboarded, but still leased here (the step died before the lease went to its repair): the repair gets
+        # it now, whatever the fleet did with it meanwhile (a repair team done with it), never this stop's work
+        for name in sorted(seen & set(self.ledger.holdings(self.op_id))):
+            self._record_offboard(name, f"offboarded by {self.op_id} before its lease went to the repair", seen)
         for name in sorted(seen) if handovers else []:
             repair_op = f"repair/{name}/{self.op_id}"
             if name in self.ledger.holdings(repair_op):
                 self.fleet.handover([name], self.op_id, repair_op)
+        return seen
 
 
 def end_run(config: RailyardConfig, train: TrainSpec, fleet: Fleet, ledger: Ledger) -> list[str]:

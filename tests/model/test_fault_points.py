@@ -47,3 +47,13 @@ def test_a_production_fleet_has_no_fault_injection():
     for fleet in (SshFleet, SlurmFleet):
         for name in ("fail", "settings", "set_job", "add_job", "repaired"):
             assert not hasattr(fleet, name), (fleet.__name__, name)
+
+
+def test_the_model_gives_the_ledger_its_wall_clock_back():
+    import time
+
+    import railyard.ledger
+    from tests.model.test_model import replay
+
+    replay(("time_passes", {"seconds": 10}))
+    assert railyard.ledger.time is time

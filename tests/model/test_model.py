@@ -21,6 +21,7 @@ import atexit
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+import railyard.ledger
 from railyard.config import parse_config
 from railyard.emergency import parse_request, plan, run_op, stop_of_run
 from railyard.fleet.port import FleetError
@@ -54,7 +56,7 @@ CONFIG = {
     "buffers": {"maintenance": {"hosts": 3}, "failure": {"hosts": 2}},
     "timeouts": {"poll_s": 0.5, "drain_s": 30, "upgrade_s": 60, "check_s": 30, "return_s": 30,
                  "checkpoint_wait_s": 30},
-    "simulator": {"speed": 60, "seed": 5, "initial_versions": {"gpu-driver": "550.1", "fabric-manager": "550.1"},
+    "simulator": {"speed": 60, "seed": 5, "start_at": "2026-06-01T00:00:00Z", "initial_versions": {"gpu-driver": "550.1", "fabric-manager": "550.1"},
                   "jobs": {"count": 2, "hosts_per_job": 2, "checkpoint_interval_s": 1800, "checkpoint_duration_s": 30},
                   "upgrade_fail_rate": 0.3, "check_fail_rate": 0.2},
 }
@@ -133,6 +135,21 @@ class Faulty:
         return call
 
 
+class LedgerTime:
+    """The ledger's wall clock (`time.time()`: a waiter's place in line lasts WAITER_TTL_S of it) read from the
+    model's clock, so that a schedule decides the same however long its steps take to run (Hypothesis replays
+    a schedule to shrink it, and a replay must decide as the first run did)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    def time(self) -> float:
+        return 1.7e9 + self._clock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 class Runs:
     """Airflow as the reconciler and the hand release see it: a run is running until abandoned, then gone."""
 
@@ -151,6 +168,7 @@ class Railyard(RuleBasedStateMachine):
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
         self.clock = Clock()
+        railyard.ledger.time = LedgerTime(self.clock)  # type: ignore[assignment]
         self.sim = SimEngine(CFG, None, clock=self.clock)
         self.ledger = Ledger(self.ledger_url())
         self.plan = Plan()
@@ -461,6 +479,7 @@ class Railyard(RuleBasedStateMachine):
         finally:
             self.ledger.dispose()
             self.sim.close()
+            railyard.ledger.time = time  # type: ignore[assignment]  # the wall clock again, for every other test
 
 
 EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))
@@ -552,3 +571,25 @@ def test_found_an_emergency_takeover_of_a_host_that_failed_by_itself_half_hands_
            ("hand_release", {"i": 37, "to_repair": False}), ("host_fails", {"host": "hb2"}),
            ("run_step", {"at": 1, "fault": ("lost", "return_to_service"), "how": "next", "i": 0}),
            ("run_step", {"at": 0, "fault": ("kill", "drain"), "how": "next", "i": 2}))
+
+
+def test_found_a_stop_installs_again_on_a_host_it_offboarded_whose_lease_never_reached_the_repair():
+    """Every install fails; the upgrade step dies at the ledger's handover of the first host it offboards; the
+    repair team finishes that host (drained again, no error); the step's retry installed it a second time under
+    the same operation instead of handing it to its repair."""
+    m = Railyard()
+    try:
+        m.sim.settings(upgrade_fail_rate=1.0)
+        m.new_stop(train="a", domain="pod-a")
+        for _ in range(3):
+            m.run_step(at=0, fault=None, how="next", i=0)
+        m.run_step(at=0, fault=("kill", "handover"), how="next", i=0)
+        (first,) = [h.name for h in m.sim.hosts() if h.state == HostState.REPAIR]
+        assert m.ledger.holdings()[first] == "a/r1/pod-a"  # offboarded in the fleet, still the stop's lease
+        m.sim.settings(upgrade_fail_rate=0.0)
+        m.host_repaired(first)
+        m.run_step(at=0, fault=None, how="next", i=0)
+        m.nothing_installed_twice_for_one_operation()
+        assert m.ledger.holdings()[first] == f"repair/{first}/a/r1/pod-a"
+    finally:
+        m.teardown()

@@ -745,36 +745,39 @@ class Ledger:
 
         Lets a retried task reuse what its first attempt decided (e.g. the checkpoint request time).
         """
-        with self.engine.begin() as c:
-            _lock(c)
-            r = c.execute(select(operations.c.detail).where(operations.c.id == op_id)).first()
-            if r is None:
-                raise KeyError(f"unknown operation {op_id!r}")
-            detail = json.loads(r.detail or "{}")
-            if key not in detail:
-                detail[key] = value
-                c.execute(
-                    update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=time.time())
-                )
-            return detail[key]
+        def once(detail: dict[str, Any]) -> bool:
+            if key in detail:
+                return False
+            detail[key] = value
+            return True
+
+        return self._change_detail(op_id, once)[key]
 
     def add_detail_entries(self, op_id: str, key: str, entries: Mapping[str, object]) -> dict[str, object]:
         """Add to the mapping `key` of the operation the entries it does not have yet (an entry once stored is
         never changed); returns the mapping as stored."""
+        def add(detail: dict[str, Any]) -> bool:
+            have = detail.setdefault(key, {})
+            new = {k: v for k, v in entries.items() if k not in have}
+            have.update(new)
+            return bool(new)
+
+        return dict(self._change_detail(op_id, add)[key])
+
+    def _change_detail(self, op_id: str, change: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The operation's detail, changed in place by `change` under the ledger lock and written back if it
+        says it changed something; returns the detail as stored."""
         with self.engine.begin() as c:
             _lock(c)
             r = c.execute(select(operations.c.detail).where(operations.c.id == op_id)).first()
             if r is None:
                 raise KeyError(f"unknown operation {op_id!r}")
-            detail = json.loads(r.detail or "{}")
-            have = detail.setdefault(key, {})
-            new = {k: v for k, v in entries.items() if k not in have}
-            if new:
-                have.update(new)
+            detail: dict[str, Any] = json.loads(r.detail or "{}")
+            if change(detail):
                 c.execute(
                     update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=time.time())
                 )
-            return dict(have)
+            return detail
 
     def note(self, op_id: str | None, action: str, hosts: Iterable[str], reason: str, actor: str = "railyard") -> None:
         with self.engine.begin() as c:

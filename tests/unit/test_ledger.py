@@ -124,6 +124,12 @@ def test_detail_once_keeps_the_first_value(ledger):
     assert led.set_detail_once("op1", "checkpoint_requested_at", 10.0) == 10.0
     assert led.set_detail_once("op1", "checkpoint_requested_at", 99.0) == 10.0
     assert led.detail("op1") == {"checkpoint_requested_at": 10.0}
+    # entries of a mapping: each added once, none changed after
+    assert led.add_detail_entries("op1", "at_risk", {"j1": 1.5}) == {"j1": 1.5}
+    assert led.add_detail_entries("op1", "at_risk", {"j1": 9.0, "j2": 2.0}) == {"j1": 1.5, "j2": 2.0}
+    assert led.detail("op1")["at_risk"] == {"j1": 1.5, "j2": 2.0}
+    with pytest.raises(KeyError, match="unknown operation"):
+        led.add_detail_entries("nope", "at_risk", {"j1": 1.0})
 
 
 # ---- leases, releases, waiters, handovers, repairs ----------------------------------------------------

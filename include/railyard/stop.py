@@ -719,19 +719,27 @@ class Stop:
         carries its evidence, and comes back only through the health gate. Idempotent across every gap:
         a host the fleet already has in repair (an answer lost, a worker killed after the fleet call) is
         found by the next step's `_settle_repairs`, which finishes the ledger's part. A loop over many hosts
-        passes `seen` (`set(self.offboarded())`, read once) so that a domain's offboards read the audit once."""
+        passes `seen` (`set(self.offboarded())`, read once) so that a domain's offboards read the audit once.
+        The ledger records the offboard before the fleet is asked: an answer lost after the fleet applied it
+        (and a repair team done with the host before the next step) still leaves the host to its repair."""
+        if seen is None:
+            seen = set(self.offboarded())
+        self._note_offboard(host, reason, seen)
         self.fleet.offboard(host, reason, self.op_id)
         self._record_offboard(host, reason, seen)
 
-    def _record_offboard(self, host: str, reason: str, seen: set[str] | None = None) -> None:
-        """The ledger's part of an offboard (note, release outcome, lease handed to the repair), each once."""
-        if seen is None:
-            seen = set(self.offboarded())
+    def _note_offboard(self, host: str, reason: str, seen: set[str]) -> None:
         if host not in seen:
             self.ledger.note(self.op_id, "offboard", [host], reason, actor=self.actor)
             record_outcome(self, host, False, reason)
             self.say(f"{self.domain.name}: {host} offboarded to repair: {reason}")
             seen.add(host)
+
+    def _record_offboard(self, host: str, reason: str, seen: set[str] | None = None) -> None:
+        """The ledger's part of an offboard (note, release outcome, lease handed to the repair), each once."""
+        if seen is None:
+            seen = set(self.offboarded())
+        self._note_offboard(host, reason, seen)
         if self.op_id.startswith("repair/"):
             return  # a repair whose gate failed keeps the host
         repair_op = f"repair/{host}/{self.op_id}"

@@ -593,3 +593,24 @@ def test_found_a_stop_installs_again_on_a_host_it_offboarded_whose_lease_never_r
         assert m.ledger.holdings()[first] == f"repair/{first}/a/r1/pod-a"
     finally:
         m.teardown()
+
+
+def test_found_a_stop_installs_again_on_a_host_whose_offboard_answer_was_lost_and_was_repaired():
+    """Every install fails; the first offboard's answer is lost (the fleet has the host in repair, the ledger
+    nothing yet); the repair team finishes it; the retried upgrade installed it again under the same
+    operation. The ledger now records the offboard before the fleet is asked."""
+    m = Railyard()
+    try:
+        m.sim.settings(upgrade_fail_rate=1.0)
+        m.new_stop(train="a", domain="pod-a")
+        for _ in range(3):
+            m.run_step(at=0, fault=None, how="next", i=0)
+        m.run_step(at=0, fault=("lost", "offboard"), how="next", i=0)
+        (first,) = [h.name for h in m.sim.hosts() if h.state == HostState.REPAIR]
+        m.sim.settings(upgrade_fail_rate=0.0)
+        m.host_repaired(first)
+        m.run_step(at=0, fault=None, how="next", i=0)
+        m.nothing_installed_twice_for_one_operation()
+        assert m.ledger.holdings()[first] == f"repair/{first}/a/r1/pod-a"
+    finally:
+        m.teardown()

@@ -43,9 +43,14 @@ faults: deps pyc  ## the fault suite at the issue's full counts, with its summar
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
 EXAMPLES ?= 20000
-model: pyc  ## a long random search of the state machine (tests/model): EXAMPLES=N schedules of up to 30 steps
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+model: pyc  ## a long random search of the state machine (tests/model): EXAMPLES=N schedules of up to 30 steps; SEED=N replays one
+	@echo "model search: seed $(SEED) (the same search again: make model SEED=$(SEED) EXAMPLES=$(EXAMPLES))"
 	RAILYARD_MODEL_RANDOM=1 RAILYARD_MODEL_EXAMPLES=$(EXAMPLES) RAILYARD_MODEL_STEPS=30 \
-	  $(BIN)/pytest -q -p no:cacheprovider --timeout=0 --hypothesis-show-statistics tests/model/test_model.py::TestRailyard
+	  $(BIN)/pytest -q -p no:cacheprovider --timeout=0 --hypothesis-show-statistics --hypothesis-seed=$(SEED) \
+	  tests/model/test_model.py::TestRailyard
 
 bench: deps pyc  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py

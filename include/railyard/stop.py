@@ -362,7 +362,10 @@ class Stop:
 
     def _cost_of_skipping(self, hosts: list[str]) -> None:
         """At the drain of a stop that skips checkpoints: a job on `hosts` that came after the skip was recorded
-        (placed on the domain since) has its cost recorded too, before it is drained."""
+        (placed on the domain since) has its cost recorded too, before it is drained; and if the checkpoint step
+        never ran (marked success by hand), the skip and its cost are recorded here as that step would have."""
+        if "checkpoint_skipped" not in self.ledger.detail(self.op_id):
+            self._skip_checkpoints([j for j in self.fleet.jobs(self.held()) if j.state == "running"])
         skipped = self.ledger.detail(self.op_id).get("checkpoint_skipped") or {}
         known = set(skipped.get("gpu_hours_at_risk") or {})
         late = [j for j in self.fleet.jobs(hosts) if j.state == "running" and j.id not in known]

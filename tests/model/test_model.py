@@ -574,19 +574,19 @@ def test_found_an_emergency_takeover_of_a_host_that_failed_by_itself_half_hands_
            ("run_step", {"at": 0, "fault": ("kill", "drain"), "how": "next", "i": 2}))
 
 
-def test_found_a_stop_installs_again_on_a_host_it_offboarded_whose_lease_never_reached_the_repair():
-    """Every install fails; the upgrade step dies at the ledger's handover of the first host it offboards; the
-    repair team finishes that host (drained again, no error); the step's retry installed it a second time under
-    the same operation instead of handing it to its repair."""
+def _failed_install_repaired_then_retried(fault: tuple[str, str], still_leased: bool) -> None:
+    """Every install fails; `fault` hits the first offboard of the upgrade step; the repair team finishes that
+    host; the step is retried: the host goes to its repair, never installed again by the same operation."""
     m = Railyard()
     try:
         m.sim.settings(upgrade_fail_rate=1.0)
         m.new_stop(train="a", domain="pod-a")
         for _ in range(3):
             m.run_step(at=0, fault=None, how="next", i=0)
-        m.run_step(at=0, fault=("kill", "handover"), how="next", i=0)
+        m.run_step(at=0, fault=fault, how="next", i=0)
         (first,) = [h.name for h in m.sim.hosts() if h.state == HostState.REPAIR]
-        assert m.ledger.holdings()[first] == "a/r1/pod-a"  # offboarded in the fleet, still the stop's lease
+        if still_leased:
+            assert m.ledger.holdings()[first] == "a/r1/pod-a"  # offboarded in the fleet, still the stop's lease
         m.sim.settings(upgrade_fail_rate=0.0)
         m.host_repaired(first)
         m.run_step(at=0, fault=None, how="next", i=0)
@@ -594,27 +594,18 @@ def test_found_a_stop_installs_again_on_a_host_it_offboarded_whose_lease_never_r
         assert m.ledger.holdings()[first] == f"repair/{first}/a/r1/pod-a"
     finally:
         m.teardown()
+
+
+def test_found_a_stop_installs_again_on_a_host_it_offboarded_whose_lease_never_reached_the_repair():
+    """The upgrade step dies at the ledger's handover of the first host it offboards; the retried upgrade
+    installed that host a second time under the same operation instead of handing it to its repair."""
+    _failed_install_repaired_then_retried(("kill", "handover"), still_leased=True)
 
 
 def test_found_a_stop_installs_again_on_a_host_whose_offboard_answer_was_lost_and_was_repaired():
-    """Every install fails; the first offboard's answer is lost (the fleet has the host in repair, the ledger
-    nothing yet); the repair team finishes it; the retried upgrade installed it again under the same
-    operation. The ledger now records the offboard before the fleet is asked."""
-    m = Railyard()
-    try:
-        m.sim.settings(upgrade_fail_rate=1.0)
-        m.new_stop(train="a", domain="pod-a")
-        for _ in range(3):
-            m.run_step(at=0, fault=None, how="next", i=0)
-        m.run_step(at=0, fault=("lost", "offboard"), how="next", i=0)
-        (first,) = [h.name for h in m.sim.hosts() if h.state == HostState.REPAIR]
-        m.sim.settings(upgrade_fail_rate=0.0)
-        m.host_repaired(first)
-        m.run_step(at=0, fault=None, how="next", i=0)
-        m.nothing_installed_twice_for_one_operation()
-        assert m.ledger.holdings()[first] == f"repair/{first}/a/r1/pod-a"
-    finally:
-        m.teardown()
+    """The first offboard's answer is lost (the fleet has the host in repair, the ledger nothing yet); the
+    retried upgrade installed it again. The ledger now records the offboard before the fleet is asked."""
+    _failed_install_repaired_then_retried(("lost", "offboard"), still_leased=False)
 
 
 def test_found_an_emergency_drain_after_its_checkpoint_step_was_marked_success_records_no_skip():

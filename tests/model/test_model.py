@@ -18,6 +18,7 @@ prints its shrunk schedule and a blob that replays it.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import railyard.ledger
+import railyard.stop
 from railyard.config import parse_config
 from railyard.emergency import parse_request, plan, run_op, stop_of_run
 from railyard.fleet.port import FleetError
@@ -40,7 +42,7 @@ from railyard.reconcile import reconcile
 from railyard.releases import ReleaseError, Rollout
 from railyard.repair import gate_repaired
 from railyard.sim.engine import SimEngine
-from railyard.stop import Stop, StopError
+from railyard.stop import LAUNCH_AT_ONCE, Stop, StopError
 from tests.unit.test_stop import Clock
 
 DOMAINS = ["pod-a", "pod-b", "pod-c"]
@@ -163,12 +165,49 @@ class Runs:
         return None if run_id in self.dead else "running"
 
 
+TRACE = os.environ.get("RAILYARD_MODEL_TRACE")  # a file: the schedule of a failing example, as `replay` takes it
+
+
+def traced(f: Any) -> Any:
+    """A rule that logs itself (a rule another calls does not), so that a failing schedule can be replayed as it
+    ran: Hypothesis shrinks a failure only if every replay of it fails the same way."""
+
+    @functools.wraps(f)
+    def step(self: Railyard, *a: Any, **kw: Any) -> Any:
+        if not self.depth:
+            self.log.append((f.__name__, kw))
+        self.depth += 1
+        try:
+            return f(self, *a, **kw)
+        finally:
+            self.depth -= 1
+
+    return step
+
+
+def oracle(f: Any) -> Any:
+    """An invariant that, failing, writes the schedule that broke it to RAILYARD_MODEL_TRACE."""
+
+    @functools.wraps(f)
+    def check(self: Railyard) -> None:
+        try:
+            f(self)
+        except AssertionError:
+            self.dump()
+            raise
+
+    return check
+
+
 class Railyard(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
         self.clock = Clock()
         railyard.ledger.time = LedgerTime(self.clock)  # type: ignore[assignment]
+        # a step's hosts launched one after another, in order: side by side, the order in which threads draw the
+        # simulator's failures and reach an armed fault would differ between a schedule and its replay
+        railyard.stop.LAUNCH_AT_ONCE = 1
         self.sim = SimEngine(CFG, None, clock=self.clock)
         self.ledger = Ledger(self.ledger_url())
         self.plan = Plan()
@@ -178,20 +217,27 @@ class Railyard(RuleBasedStateMachine):
         self.stops: list[Stop] = []
         self.cursor: dict[str, int] = {}  # op -> index in STEPS of its next task
         self.n = 0
+        self.log: list[tuple[str, dict[str, Any]]] = []  # the rules run, in order (`traced`)
+        self.depth = 0
         self.installs: dict[tuple[str, str, str, str], int] = {}  # (op, host, component, version) -> installs
         upgrade = self.sim.upgrade
 
-        def counted(host: str, steps: Any, op: str) -> Any:  # what each upgrade call installed, by operation
-            before = dict(self.sim._installs)
+        def counted(host: str, steps: Any, op: str) -> Any:  # what each upgrade call installed on its host
+            before = {k: n for k, n in self.sim._installs.items() if k[0] == host}
             try:
                 return upgrade(host, steps, op)
-            finally:
+            finally:  # only `host`'s: another host's install is its own call's to count
                 for (h, c, v), n in self.sim._installs.items():
-                    if n > before.get((h, c, v), 0):
+                    if h == host and n > before.get((h, c, v), 0):
                         key = (op, h, c, v)
                         self.installs[key] = self.installs.get(key, 0) + n - before.get((h, c, v), 0)
 
         self.sim.upgrade = counted  # type: ignore[method-assign]
+
+    def dump(self) -> None:
+        if TRACE:
+            with open(TRACE, "w") as f:
+                f.write("[\n" + "".join(f"    {step!r},\n" for step in self.log) + "]\n")
 
     def ledger_url(self) -> str:
         return f"sqlite:///{self.tmp}/ledger.db"
@@ -203,6 +249,7 @@ class Railyard(RuleBasedStateMachine):
     # ---- what Airflow runs ----------------------------------------------------------------------
     @precondition(lambda self: len([s for s in self.stops if s.op_id.split("/")[1] not in self.runs.dead]) < 3)
     @rule(train=st.sampled_from(["a", "b"]), domain=st.sampled_from(DOMAINS))
+    @traced
     def new_stop(self, train: str, domain: str) -> None:
         t = CFG.train(train)
         if domain not in {d.name for d in CFG.train_domains(t)}:
@@ -218,6 +265,7 @@ class Railyard(RuleBasedStateMachine):
                           st.tuples(st.sampled_from(["kill", "lost"]), st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES))),
                           st.tuples(st.just("down"), st.sampled_from(sorted(FLEET_WRITES)))),
           at=st.integers(0, 2))
+    @traced
     def run_step(self, i: int, how: str, fault: tuple[str, str] | None, at: int) -> None:
         """The stop's next task as Airflow runs it: in order, retried after a failure, run again after it
         succeeded (a cleared task), marked success by hand without running, or its teardown."""
@@ -261,6 +309,7 @@ class Railyard(RuleBasedStateMachine):
           fault=st.one_of(st.sampled_from(GAPS), st.tuples(st.sampled_from(["kill", "lost"]),
                                                            st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES)))),
           at=st.integers(0, 3), retry=st.booleans(), ending=st.sampled_from(["teardown", "abandoned", "teardown_killed"]))
+    @traced
     def whole_run(self, train: str, domain: str, fault: tuple[str, str], at: int, retry: bool, ending: str) -> None:
         """A run of one stop as Airflow runs it: its tasks in order, a fault armed over the whole run (a
         process killed at a call, or an answer lost), the failed task retried once or not, then its teardown
@@ -298,6 +347,7 @@ class Railyard(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.stops))
     @rule(i=st.integers(0, 50))
+    @traced
     def abandon_run(self, i: int) -> None:
         """Deleted, or marked failed with its teardown failed: none of its tasks runs again."""
         s = self._stop(i)
@@ -308,6 +358,7 @@ class Railyard(RuleBasedStateMachine):
     @rule(domain=st.sampled_from(DOMAINS), hosts=st.one_of(st.none(), st.lists(st.sampled_from(HOSTS), min_size=1,
                                                                             max_size=2, unique=True)),
           skip=st.booleans())
+    @traced
     def emergency(self, domain: str, hosts: list[str] | None, skip: bool) -> None:
         """An emergency from the form: whole domains or single hosts, with or without skip_checkpoint; its
         stops are built as its run builds them, from the plan it records."""
@@ -328,10 +379,12 @@ class Railyard(RuleBasedStateMachine):
             self.stops.append(s)
 
     @rule(on=st.booleans())
+    @traced
     def freeze(self, on: bool) -> None:
         self.ledger.set_switch("freeze", on, reason="model: an operator's freeze", actor="operator")
 
     @rule(action=st.sampled_from(["halt", "resume", "promote"]), rid=st.sampled_from(["drv", "fm"]))
+    @traced
     def release_action(self, action: str, rid: str) -> None:
         try:
             Rollout(CFG, self.ledger).act(action, rid, reason="model: an operator's call", actor="operator",
@@ -340,12 +393,14 @@ class Railyard(RuleBasedStateMachine):
             pass
 
     @rule(size=st.integers(1, 2))
+    @traced
     def job_arrives(self, size: int) -> None:
         """A job placed on whatever serves free, a domain whose checkpoint request has passed included."""
         self.n += 1
         self.sim.add_job(f"late{self.n}", size)
 
     @rule(i=st.integers(0, 50), stuck=st.booleans(), dodge_s=st.sampled_from([None, 60, 3600]))
+    @traced
     def job_behaves(self, i: int, stuck: bool, dodge_s: int | None) -> None:
         """A job that never checkpoints (or recovers), or asks a train to come back later (a dodge)."""
         jobs = sorted(j.id for j in self.sim.jobs())
@@ -354,16 +409,19 @@ class Railyard(RuleBasedStateMachine):
                              **({"dodge_until": self.sim.now() + dodge_s} if dodge_s else {"clear_dodge": True}))
 
     @rule()
+    @traced
     def reconciler(self) -> None:
         reconcile(CFG, self.sim, self.ledger, self.runs, sleep=self.clock.advance, clock=self.clock,
                   say=lambda _m: None)
 
     @rule()
+    @traced
     def repair_gate(self) -> None:
         gate_repaired(CFG, self.sim, self.ledger, say=lambda _m: None, sleep=self.clock.advance, clock=self.clock)
 
     @precondition(lambda self: bool(self.stops))
     @rule(i=st.integers(0, 50), to_repair=st.booleans())
+    @traced
     def hand_release(self, i: int, to_repair: bool) -> None:
         s = self.stops[i % len(self.stops)]
         try:
@@ -374,21 +432,25 @@ class Railyard(RuleBasedStateMachine):
 
     # ---- the fleet ----------------------------------------------------------------------------
     @rule(host=st.sampled_from(HOSTS))
+    @traced
     def host_fails(self, host: str) -> None:
         if self.sim.hosts([host])[0].state == HostState.SERVING:
             self.sim.fail(host)
 
     @rule(host=st.sampled_from(HOSTS))
+    @traced
     def host_repaired(self, host: str) -> None:
         if self.sim.hosts([host])[0].state == HostState.REPAIR:
             self.sim.repaired(host)
 
     @rule(seconds=st.sampled_from([1, 10, 60, 600]))
+    @traced
     def time_passes(self, seconds: int) -> None:
         self.clock.advance(seconds)
 
     # ---- the oracle -----------------------------------------------------------------------------
     @invariant()
+    @oracle
     def at_most_one_domain_out(self) -> None:
         TALLY["checks"] += 1  # the invariants run once at the start and after every step
         by_domain = CFG.host_domain()
@@ -403,6 +465,7 @@ class Railyard(RuleBasedStateMachine):
         assert out <= leased, (out, holders)  # every host out for maintenance is leased
 
     @invariant()
+    @oracle
     def every_host_out_is_counted(self) -> None:
         """A host out of service that no lease accounts for falls out of every count (but one the fleet
         reports failed by itself). (A host in repair may still be leased to the stop that sent it, until its
@@ -418,18 +481,21 @@ class Railyard(RuleBasedStateMachine):
                 assert h.name in holders, (h, "out of service with no lease")
 
     @invariant()
+    @oracle
     def no_unverified_return_and_no_collision(self) -> None:
         audit = self.sim.audit()
         assert audit["unverified_returns"] == [], audit["unverified_returns"]
         assert audit["refusals"] == [], audit["refusals"][:3]
 
     @invariant()
+    @oracle
     def nothing_installed_twice_for_one_operation(self) -> None:
         twice = {k: n for k, n in self.installs.items() if n > 1}
         assert not twice, (twice, [(r["action"], r["hosts"], r["reason"][:80]) for op in {k[0] for k in twice}
                                    for r in self.ledger.audit_rows(op)])
 
     @invariant()
+    @oracle
     def maintenance_within_its_buffer(self) -> None:
         """Hosts out for maintenance (leased, not to a repair) never exceed the maintenance buffer."""
         holders = self.ledger.holdings()
@@ -438,6 +504,7 @@ class Railyard(RuleBasedStateMachine):
         assert len(out) <= CFG.buffers.maintenance.host_count(len(HOSTS)), out
 
     @invariant()
+    @oracle
     def no_drain_without_a_fresh_checkpoint(self) -> None:
         for it in self.sim.audit()["interruptions"]:
             reason = it["reason"]
@@ -477,10 +544,14 @@ class Railyard(RuleBasedStateMachine):
             assert not left, left
             active = [o["id"] for o in self.ledger.active_operations() if not o["id"].startswith("repair/")]
             assert not active, active
+        except AssertionError:
+            self.dump()
+            raise
         finally:
             self.ledger.dispose()
             self.sim.close()
             railyard.ledger.time = time  # type: ignore[assignment]  # the wall clock again, for every other test
+            railyard.stop.LAUNCH_AT_ONCE = LAUNCH_AT_ONCE
 
 
 EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))

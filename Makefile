@@ -55,7 +55,7 @@ model: pyc  ## a long random search of the state machine (tests/model): EXAMPLES
 bench: deps pyc  ## figures, side by side with their baselines
 	$(BIN)/python bench/run.py
 
-lint: $(STAMP)  ## ruff everywhere, mypy --strict on the core (include/railyard; settings in pyproject.toml)
+lint: $(STAMP)  ## ruff everywhere, mypy --strict on the core and the Airflow plugin (settings in pyproject.toml)
 	$(BIN)/ruff check include plugins dags tests bench
 	$(BIN)/mypy
 

@@ -1,6 +1,6 @@
 """Airflow's grid for a 64-domain train over 25 runs, in headless Chromium, beside a plain DAG of the same shape.
 
-One `airflow standalone` (railyard.stack.Stack, the simulator beside it) serves two DAGs from one folder:
+One `airflow standalone` (railyard.devstack.stack.Stack, the simulator beside it) serves two DAGs from one folder:
 the Railyard train of a config with 64 domains (`bench_parse.scale_config`: 6 tasks per stop, the
 cycle report and the revisit slots) and the baseline, the same task groups and edges of EmptyOperators
 (`bench_parse.BASELINE_DAG`). Both are paused, so nothing runs: each gets RUNS runs triggered through the
@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include"), str(Path(__file__).resolve().p
 
 import bench_parse  # noqa: E402
 
-from railyard.stack import Stack, free_port  # noqa: E402
+from railyard.devstack.stack import Stack, free_port  # noqa: E402
 from tests.support.browser import chromium, login  # noqa: E402
 
 TRAIN = "railyard_train_t00"

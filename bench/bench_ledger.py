@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     refused = sum(r["n_refused"] for r in lease)
     share = lease_ops / floor_ops
     ok = lease_ops >= GOAL_OPS and share >= GOAL_FLOOR_SHARE and refused == 0
-    which = a.ledger or "include/railyard/ledger.py"
+    which = a.ledger or "include/railyard/ledger/core.py"
     print(f"PostgreSQL {', '.join(f'{k}={v}' for k, v in sorted(settings.items()))}; {a.procs} processes, "
           f"{a.seconds:.0f} s each; {a.repairs} hosts leased to repairs; ledger: {which}")
     print(f"  {'':44}{'per second':>12}")

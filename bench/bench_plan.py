@@ -51,7 +51,7 @@ def scale_config(path: Path, domains: int, hosts_per_domain: int) -> Path:
 
 def start_sim(config: Path, home: Path, timeout: float = 300) -> tuple[subprocess.Popen[bytes], str]:
     """`railyard sim serve` on a free port; returns the process and its URL once it answers."""
-    from railyard.stack import free_port
+    from railyard.devstack.stack import free_port
 
     port = free_port()
     log = home / "sim.log"
@@ -119,7 +119,7 @@ def run(domains: int = 1200, hosts_per_domain: int = 64, repeat: int = 3) -> dic
             runs["plan"].append(timed([*RAILYARD, "plan", "demo", *fleet], env, ok=(0, 3))[0])
             runs["drift"].append(timed([*RAILYARD, "drift", *fleet], env)[0])
     finally:
-        from railyard.stack import stop_session
+        from railyard.devstack.stack import stop_session
 
         for proc in (sim, demo_sim):
             if proc is not None:

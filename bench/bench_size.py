@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from railyard.sizing import describe, parse_input, plan
+from railyard.tools.sizing import describe, parse_input, plan
 
 INPUT: dict[str, Any] = {
     "skus": {"h100": {"hosts": 75_000, "unit_hosts": 16}},

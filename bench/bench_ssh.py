@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from railyard.config import parse_config  # noqa: E402
-from railyard.recipes import render  # noqa: E402
-from railyard.ssh.runner import Credentials, SshRunner, paramiko_connector  # noqa: E402
+from railyard.backends.ssh.runner import Credentials, SshRunner, paramiko_connector  # noqa: E402
+from railyard.domain.config import parse_config  # noqa: E402
+from railyard.domain.recipes import render  # noqa: E402
 from tests.support.configs import ssh_config  # noqa: E402
 from tests.support.sshd import SshdFarm  # noqa: E402
 

@@ -25,8 +25,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from railyard.demo import run_train
-from railyard.stack import ROOT, Stack, free_port
+from railyard.devstack.demo import run_train
+from railyard.devstack.stack import ROOT, Stack, free_port
 
 BASELINE_DAG = textwrap.dedent(
     '''\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from railyard.config import ConfigError, RailyardConfig, config_path, load_config
+from railyard.domain.config import ConfigError, RailyardConfig, config_path, load_config
 from railyard.fleet.port import Fleet, FleetError
 
 
@@ -54,30 +54,25 @@ def _fleet(args: argparse.Namespace, cfg: RailyardConfig, *, read_only: bool = F
     the versions Railyard verified on each node (its features); neither reaches a host."""
     import os
 
-    backend = cfg.fleet.backend
-    if backend == "slurm":
-        from railyard.slurm.fleet import SlurmFleet, fleet_from_config
+    from railyard.fleet.registry import build_fleet
 
-        return SlurmFleet.reader(cfg) if read_only else fleet_from_config(cfg)
-    if backend == "ssh":
-        from railyard.ssh.fleet import SshFleet
-        from railyard.ssh.runner import Credentials, paramiko_connector
+    backend, ssh = cfg.fleet.backend, cfg.fleet.ssh
+    creds = None
+    if backend == "ssh" and not read_only and ssh is not None:
+        from railyard.backends.ssh.runner import Credentials
 
-        if read_only:
-            return SshFleet.reader(cfg)
-        ssh = cfg.fleet.ssh
-        if ssh is None:  # refused by validation; kept for the type checker
-            raise FleetError("fleet.ssh: required when fleet.backend is 'ssh'")
         missing = [n for n in ("user", "key_file", "known_hosts") if not getattr(ssh, n)]
         if missing:
             raise FleetError(f"fleet.ssh: {', '.join(missing)} not set; the CLI reaches the hosts with them")
         creds = Credentials(str(ssh.user), str(ssh.key_file), str(ssh.known_hosts))
-        return SshFleet.from_config(cfg, paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s))
-    from railyard.fleet.http import HttpFleet, env_token
+    http = None
+    if backend == "http":
+        from railyard.fleet.http import env_token
 
-    url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
-        or f"http://127.0.0.1:{cfg.simulator.port}"
-    return HttpFleet(url, token=env_token(), retries=1, connect_timeout=2)
+        url = getattr(args, "fleet_url", None) or os.environ.get("RAILYARD_FLEET_URL") \
+            or f"http://127.0.0.1:{cfg.simulator.port}"
+        http = {"base_url": url, "token": env_token(), "retries": 1, "connect_timeout": 2}
+    return build_fleet(cfg, ssh=creds, http=http, read_only=read_only)
 
 
 def unreadable_fleet(cmd: str, backend: str, exc: Exception) -> str:
@@ -95,7 +90,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     import time
 
     from railyard.ledger import Ledger
-    from railyard.releases import ReleaseError, Rollout
+    from railyard.operations.releases import ReleaseError, Rollout
 
     cfg = load_config(args.config)
     rollout = Rollout(cfg, Ledger(cfg.ledger.url))
@@ -123,7 +118,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from railyard.ledger import Ledger
-    from railyard.releases import describe_plan, plan_train
+    from railyard.operations.releases import describe_plan, plan_train
 
     try:
         cfg = load_config(args.config)
@@ -143,7 +138,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
     """Versions in the fleet per component, domain and SKU; converged fraction; oldest version's age."""
     import json
 
-    from railyard.releases import describe_drift, drift, drift_chart
+    from railyard.operations.releases import describe_drift, drift, drift_chart
 
     cfg = load_config(args.config)
     fleet = _fleet(args, cfg, read_only=True)
@@ -160,7 +155,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     import json
 
     from railyard.ledger import Ledger
-    from railyard.ops import describe_ops
+    from railyard.operations.ops import describe_ops
 
     cfg = load_config(args.config)
     ops = Ledger(cfg.ledger.url).active_operations()
@@ -173,7 +168,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     import json
 
     from railyard.ledger import Ledger
-    from railyard.ops import describe_host
+    from railyard.operations.ops import describe_host
 
     cfg = load_config(args.config)
     words = list(args.host)
@@ -197,7 +192,7 @@ def _host_repaired(args: argparse.Namespace, cfg: RailyardConfig, words: list[st
     import getpass
 
     from railyard.ledger import Ledger
-    from railyard.ops import ControlError, mark_repaired
+    from railyard.operations.ops import ControlError, mark_repaired
 
     if len(words) != 1:
         print("host repaired: name one host (value: " + repr(" ".join(words)) + ")", file=sys.stderr)
@@ -218,8 +213,8 @@ def cmd_lease(args: argparse.Namespace) -> int:
     import getpass
 
     from railyard.ledger import Ledger
-    from railyard.ops import ControlError, release_lease
-    from railyard.reconcile import AirflowApi
+    from railyard.operations.ops import ControlError, release_lease
+    from railyard.operations.reconcile import AirflowApi
 
     cfg = load_config(args.config)
     try:
@@ -237,7 +232,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Finish the stops whose Airflow run is finished or deleted (as the railyard_reconcile DAG does)."""
     from railyard.ledger import Ledger
-    from railyard.reconcile import AirflowApi, ReconcileError, reconcile
+    from railyard.operations.reconcile import AirflowApi, ReconcileError, reconcile
 
     cfg = load_config(args.config)
     try:
@@ -257,7 +252,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 def cmd_size(args: argparse.Namespace) -> int:
     """The domain-size planner: cost per cycle for every domain count, the optimum, a proposed layout."""
-    from railyard.sizing import (
+    from railyard.tools.sizing import (
         SizingError,
         chart,
         config_with_layout,
@@ -266,7 +261,7 @@ def cmd_size(args: argparse.Namespace) -> int:
         load_input,
         plan,
     )
-    from railyard.sizing import to_json as sizing_json
+    from railyard.tools.sizing import to_json as sizing_json
 
     try:
         if args.input:
@@ -303,9 +298,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     """Trains at several domain counts, a whole-fleet window and naive rolling on the simulator."""
     import yaml
 
-    from railyard.sizing import SizingError
-    from railyard.study import chart, describe, parse_spec, study
-    from railyard.study import to_json as study_json
+    from railyard.tools.sizing import SizingError
+    from railyard.tools.study import chart, describe, parse_spec, study
+    from railyard.tools.study import to_json as study_json
 
     try:
         data: dict[str, object] = {}
@@ -338,8 +333,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from railyard.demo import main as demo_main
-    from railyard.demo import stop_demos
+    from railyard.devstack.demo import main as demo_main
+    from railyard.devstack.demo import stop_demos
 
     return stop_demos() if args.stop else demo_main(once=args.once)
 

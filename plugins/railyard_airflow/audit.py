@@ -11,9 +11,13 @@ import json
 import logging
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from railyard.ledger import Ledger
 
 log = logging.getLogger("railyard.audit")
 
@@ -99,8 +103,8 @@ def user_of(headers: dict[bytes, bytes]) -> str:
 
 
 @lru_cache(maxsize=1)
-def _ledger():
-    from railyard.config import load_config
+def _ledger() -> Ledger:
+    from railyard.domain.config import load_config
     from railyard.ledger import Ledger
 
     return Ledger(load_config().ledger.url)

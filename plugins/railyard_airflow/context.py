@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
-from railyard.config import RailyardConfig, config_path, load_config
-from railyard.emergency import run_op, stop_of_run
+from railyard.domain.config import RailyardConfig, config_path, load_config
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger, resolve_url
-from railyard.stop import Stop, op_id_for
+from railyard.operations.emergency import run_op, stop_of_run
+from railyard.operations.stop import Stop, op_id_for
 
 
 @lru_cache(maxsize=4)
@@ -26,7 +27,7 @@ def _ledger(url: str) -> Ledger:
     return Ledger(url)
 
 
-def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, say, ledger_url: str | None = None,
+def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, say: Callable[[str], None], ledger_url: str | None = None,
               path: str | None = None, slot: str | None = None) -> Stop | None:
     """The Stop of one task. A revisit `slot` has no domain of its own: it takes the run's next
     dodged domain (the same one on every retry), or returns None when there is none."""
@@ -58,6 +59,6 @@ def emergency_run_op(run_id: str) -> str:
     return run_op(run_id)
 
 
-def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet, say) -> Stop | None:
+def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet, say: Callable[[str], None]) -> Stop | None:
     """Slot `stop_N` of an emergency run: the N-th stop of its validated plan, or None."""
     return stop_of_run(cfg, led, run_id=run_id, slot=slot, fleet=fleet, say=say)

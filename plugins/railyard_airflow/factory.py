@@ -17,12 +17,15 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 
-from railyard import gcpause
-from railyard.config import RailyardConfig, config_path, load_config
-from railyard.reconcile import dag_id_for
+from railyard.domain.config import RailyardConfig, config_path, load_config
+from railyard.fleet import gcpause
+from railyard.fleet.port import HealthGate, Reservations
+from railyard.fleet.registry import fleet_class
+from railyard.operations.reconcile import dag_id_for
 from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
 from railyard_airflow.operators.reconcile import ReconcileOperator
@@ -45,8 +48,8 @@ def _safe(name: str) -> str:
     return re.sub(r"[^\w-]", "_", name)
 
 
-def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dict, where: dict,
-                priority_weight: int = 1):
+def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dict[str, Any],
+                where: dict[str, Any], priority_weight: int = 1) -> tuple[Any, Any, Any]:
     """The six tasks of one stop; `where` is {"domain": name} or {"slot": "revisit_N" | "stop_N"}."""
     t = config.timeouts
 
@@ -55,14 +58,14 @@ def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dic
     delay = min(30.0, max(5.0, t.fleet_outage_s / 10))
     retries = 2 + math.ceil(t.fleet_outage_s / delay)
 
-    def step(cls, task_id: str, limit: float):
+    def step(cls: type[Any], task_id: str, limit: float) -> Any:
         return cls(task_id=task_id, pool=config.pool, retries=retries, retry_delay=timedelta(seconds=delay),
                    execution_timeout=timedelta(seconds=limit) + MARGIN, priority_weight=priority_weight,
                    **common, **where)
 
     with TaskGroup(group_id=group_id, tooltip=tooltip):
         # the waits retry too: a transient error (fleet or ledger briefly busy) must not stop a train
-        waits = dict(priority_weight=priority_weight, retries=2, retry_delay=timedelta(seconds=5))
+        waits: dict[str, Any] = dict(priority_weight=priority_weight, retries=2, retry_delay=timedelta(seconds=5))
         poll = config.fleet.poll_interval_s  # one read of the fleet per poke or trigger poll, this often
         take = BufferCapacitySensor(task_id="wait_capacity", wait_s=t.capacity_wait_s, poll_s=poll,
                                     trigger_rule=TriggerRule.NONE_FAILED, **waits, **common, **where)
@@ -78,7 +81,7 @@ def _stop_group(group_id: str, tooltip: str, config: RailyardConfig, common: dic
 
 def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = None) -> DAG:
     train = config.train(train_id)
-    common = dict(train_id=train.id, fleet_conn_id=config.fleet.connection, config_path=path)
+    common: dict[str, Any] = dict(train_id=train.id, fleet_conn_id=config.fleet.connection, config_path=path)
     notifier = EscalationNotifier(train_id=train.id, config_path=path)
     with DAG(
         dag_id=dag_id_for(train.id),
@@ -92,7 +95,7 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
         doc_md=f"Releases: {', '.join(train.releases)}. Domains: "
         + ", ".join(d.name for d in config.train_domains(train)),
     ) as dag:
-        prev: tuple = (CycleReportOperator(task_id="cycle_report", **common),)
+        prev: tuple[Any, ...] = (CycleReportOperator(task_id="cycle_report", **common),)
         seen: dict[str, str] = {}
         for domain in config.train_domains(train):
             gid = _safe(domain.name)
@@ -107,7 +110,7 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
-        if config.fleet.backend == "slurm":  # the only backend with reservations made ahead
+        if issubclass(fleet_class(config), (Reservations, HealthGate)):  # reservations made ahead, a gate (Slurm)
             # a teardown: it runs whatever failed, and the run's state stays that of its stops
             end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
             [*prev] >> end.as_teardown()
@@ -128,7 +131,7 @@ def _set_params(dag: DAG, params: dict[str, Param]) -> None:
 HOST_PICK_MAX = 4096  # beyond, the form takes typed host names only (a list of 75,000 is no picker)
 
 
-def _host_pick(config: RailyardConfig) -> dict[str, object]:
+def _host_pick(config: RailyardConfig) -> dict[str, Any]:
     """The emergency form's host picker: `examples` render as a multi-select of every host in Airflow's
     form; free text stays possible, and `plan` refuses an unknown host with its name, before any host is touched."""
     names = sorted(config.host_domain())
@@ -141,7 +144,7 @@ def build_emergency_dag(path: str | None = None) -> DAG:
     `domains_at_once` of them (1 unless large_scale) hold a domain, ahead of every waiting train."""
     p = str(config_path(path))
     config = load_config(p)
-    common = dict(train_id="emergency", fleet_conn_id=config.fleet.connection, config_path=p)
+    common: dict[str, Any] = dict(train_id="emergency", fleet_conn_id=config.fleet.connection, config_path=p)
     releases = [r.id for r in config.releases]
     domains = [d.name for d in config.domains]
     params = {

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from railyard.config import RailyardConfig, config_path
-from railyard.stop import Stop
+from railyard.domain.config import RailyardConfig, config_path
+from railyard.operations.stop import Stop
 from railyard_airflow.context import config, make_stop
 from railyard_airflow.hooks.fleet import FleetHook
 
@@ -19,11 +19,9 @@ REQUIRED = object()  # a task argument without a default
 class StopTaskMixin:
     """A stop's task: its train, its domain (or revisit slot), its fleet connection and config path.
 
-    These classes define no `__init__`: Airflow applies its defaults again (default_args merged, params
-    copied) at every `__init__` of a task's class hierarchy, ~40 µs a level, and a train of 64 domains has
-    384 stop tasks (20 such trains: 7,800, a third of a second at each extra level). They declare
-    `task_args` instead (name -> default, or REQUIRED), which Airflow's hook for this,
-    `_hook_apply_defaults`, takes out of the keyword arguments before `BaseOperator.__init__` sees the rest.
+    These classes define no `__init__` (why: docs/performance.md, Parsing). They declare `task_args` instead
+    (name -> default, or REQUIRED), which Airflow's hook for this, `_hook_apply_defaults`, takes out of the
+    keyword arguments before `BaseOperator.__init__` sees the rest (pinned by tests/dags/test_task_args.py).
     """
 
     task_args: ClassVar[dict[str, Any]] = {

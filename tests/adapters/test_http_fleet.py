@@ -16,10 +16,10 @@ import pytest
 import requests
 from pydantic import TypeAdapter
 
+from railyard.domain.models import Host, HostState, Step
 from railyard.fleet import FleetNotFound
 from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import Fleet, FleetError
-from railyard.models import Host, HostState, Step
 
 from .conftest import SIM_CONFIG, SimServer
 

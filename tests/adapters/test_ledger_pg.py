@@ -7,7 +7,7 @@ from just after the grant returned (committed) to just before it called release.
 inside the real leases, so if the ledger is right no instant is covered by more than
 `max_domains_down` of them. The audit, replayed in order, must say the same.
 
-The real runs take the server-side functions (railyard.ledger_pg). The check is shown to bite: the
+The real runs take the server-side functions (railyard.ledger.pg). The check is shown to bite: the
 same run against a deliberately broken ledger (the Python path without its lock, and 30 ms between what
 it reads and what it writes) must produce overlaps the check catches.
 """
@@ -91,10 +91,11 @@ def broken_ledger(mod: Any) -> Iterator[None]:
 
 def worker(idx: int, scenarios: list[dict[str, Any]], barrier: Any, out: Any) -> None:
     """Take domains one after the other until `grants` holdings are done (or the deadline passes)."""
-    import railyard.ledger as mod
+    import railyard.ledger.leasing as mod
+    from railyard.ledger import Ledger
 
     for sc in scenarios:
-        led = mod.Ledger(sc["url"], pg_functions=not sc["broken"])  # the broken one is the Python path's
+        led = Ledger(sc["url"], pg_functions=not sc["broken"])  # the broken one is the Python path's
         b = budget(sc["max_down"])
         rnd = random.Random(idx * 1000 + sc["max_down"])
         order = [f"d{(idx + i) % len(DOMAINS)}" for i in range(len(DOMAINS))]

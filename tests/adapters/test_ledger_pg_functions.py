@@ -1,5 +1,5 @@
 """On PostgreSQL, `Ledger.acquire_domain` and `Ledger.release` run as server-side functions
-(railyard.ledger_pg); the Python path stays for SQLite and for what the functions hand back to it.
+(railyard.ledger.pg); the Python path stays for SQLite and for what the functions hand back to it.
 
 Differential: random scenarios run step by step through both, each on a database of its own on one
 private server (tests/support/postgres.py), with one fake clock. Every decision, message and list of
@@ -9,7 +9,7 @@ server has ICU, so that a sort the functions forgot to make Python's (code point
 mix case, punctuation, a quote and a non-ASCII letter (the last two go back to the Python path).
 
 Also: the functions are created once by many ledgers starting at once, and an acquire returns only
-once its transaction is on disk (it commits asynchronously, then flushes: see railyard.ledger_pg).
+once its transaction is on disk (it commits asynchronously, then flushes: see railyard.ledger.pg).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import random
 import re
 import threading
 import time
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +26,8 @@ import psycopg2
 import pytest
 from sqlalchemy import text
 
-import railyard.ledger as ledger_mod
-from railyard import ledger_pg
 from railyard.ledger import Budget, Ledger
+from railyard.ledger import pg as ledger_pg
 from tests.support.postgres import PostgresServer, running_postgres
 
 DOMAINS = {
@@ -92,11 +90,8 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(ledger_mod, "time", types.SimpleNamespace(time=c.time, monotonic=time.monotonic,
-                                                                  sleep=time.sleep))
-    return c
+def clock() -> Clock:
+    return Clock()
 
 
 @pytest.fixture
@@ -161,8 +156,8 @@ def step(rnd: random.Random, py: Ledger) -> tuple[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_functions_decide_and_write_as_the_python_path(pg, clock, decided, seed):
-    py = Ledger(pg.create_database(f"diff_py_{seed}_{next(_names)}"), pg_functions=False)
-    fn = Ledger(icu_database(pg, f"diff_fn_{seed}_{next(_names)}"))
+    py = Ledger(pg.create_database(f"diff_py_{seed}_{next(_names)}"), pg_functions=False, clock=clock.time)
+    fn = Ledger(icu_database(pg, f"diff_fn_{seed}_{next(_names)}"), clock=clock.time)
     try:
         assert py._pg is None and fn._pg is not None
         rnd = random.Random(seed)

@@ -29,9 +29,10 @@ IDLE_S = 2  # railyard.ledger.IDLE_IN_TRANSACTION_S in the stuck client (30 s in
 CLIENT = """
 import sys, time
 from sqlalchemy import insert
-import railyard.ledger
-from railyard.ledger import Ledger, _lock, leases
-railyard.ledger.IDLE_IN_TRANSACTION_S = int(sys.argv[2])  # Railyard's own bound, shortened for the test
+import railyard.ledger.url
+from railyard.ledger import Ledger
+from railyard.ledger.schema import _lock, leases
+railyard.ledger.url.IDLE_IN_TRANSACTION_S = int(sys.argv[2])  # Railyard's own bound, shortened for the test
 led = Ledger(sys.argv[1], pg_functions=False)
 with led.engine.begin() as c:
     _lock(c)

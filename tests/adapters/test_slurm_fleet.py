@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from railyard.config import parse_config
+from railyard.backends.slurm.commands import SlurmCli, check_arg, expand_hostlist
+from railyard.backends.slurm.fleet import SlurmFleet, fleet_from_config
+from railyard.backends.slurm.standin import op_token
+from railyard.domain.config import parse_config
+from railyard.domain.models import HostState, Step
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
-from railyard.models import HostState, Step
-from railyard.slurm.commands import SlurmCli, check_arg, expand_hostlist
-from railyard.slurm.fleet import SlurmFleet, fleet_from_config
-from railyard.slurm.standin import op_token
 from tests.support.slurm_cluster import SlurmCluster, job_log, reset, running_cluster, slurm_config, submit
 from tests.support.slurm_train import Sampler, parse_slurm_time, run_stop, run_train
 
@@ -71,7 +71,7 @@ def test_a_train_with_running_jobs(world, cluster: SlurmCluster):
 
     with Sampler(cluster) as sampler:
         train = cfg.train("slurm")
-        from railyard.stop import Stop, op_id_for
+        from railyard.operations.stop import Stop, op_id_for
 
         for i, domain in enumerate(cfg.train_domains(train)):
             s = Stop(config=cfg, train=train, domain=domain, op_id=op_id_for("slurm", "run1", domain.name),
@@ -148,7 +148,7 @@ def test_someone_elses_drain_is_left_alone_and_reported(world, cluster: SlurmClu
 
 def test_health_gate_keeps_a_node_out_that_slurm_resumed_by_itself(world, cluster: SlurmCluster):
     cfg, fleet, ledger = world()
-    from railyard.stop import Stop
+    from railyard.operations.stop import Stop
 
     train = cfg.train("slurm")
     s = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/gate/rack-c", fleet=fleet, ledger=ledger)
@@ -186,7 +186,7 @@ def test_a_node_an_admin_drained_mid_stop_is_never_drained_again_by_the_dead_sto
     """NHC or an admin drains a node Railyard holds: it reads failed, the stop lets it go with its lease, and
     once its owner resumes it the gate leaves it serving; the domain's next stop takes it like any other."""
     cfg, fleet, ledger = world()
-    from railyard.stop import Stop
+    from railyard.operations.stop import Stop
 
     train = cfg.train("slurm")
     s = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c", fleet=fleet,
@@ -218,9 +218,9 @@ def test_a_node_in_repair_comes_back_through_the_gate_once_marked_repaired(world
     """`railyard host repaired n5`: Railyard's repair drain stays, under the repair operation's own reason;
     the repair gate then upgrades, checks and resumes it. Never resumed by the mark itself."""
     cfg, fleet, ledger = world()
-    from railyard.ops import mark_repaired
-    from railyard.repair import gate_repaired
-    from railyard.stop import Stop
+    from railyard.operations.ops import mark_repaired
+    from railyard.operations.repair import gate_repaired
+    from railyard.operations.stop import Stop
 
     s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c",
              fleet=fleet, ledger=ledger)
@@ -243,8 +243,8 @@ def test_the_readers_fleet_reads_slurm_and_the_verified_features_and_reaches_no_
     """What the page, plan and drift use: node states from Slurm, versions from the features a passing
     check published on return; no host is reached (its runner does not exist) and nothing is written."""
     cfg, fleet, ledger = world()
-    from railyard.slurm.fleet import SlurmFleet
-    from railyard.stop import Stop
+    from railyard.backends.slurm.fleet import SlurmFleet
+    from railyard.operations.stop import Stop
 
     s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-c"), op_id="slurm/run1/rack-c",
              fleet=fleet, ledger=ledger)
@@ -271,7 +271,7 @@ def test_a_job_that_never_checkpoints_is_requeued_by_policy_and_the_loss_recorde
     cluster._wait("job running", lambda: job_log(cluster, jid), timeout=30)
     cluster.cli("scontrol", "update", f"jobid={jid}", "comment=deaf")  # ignores USR1 from here on
     cluster.cli("scancel", "--signal=STOP", "--batch", jid)  # a hung job: signals do nothing
-    from railyard.stop import Stop
+    from railyard.operations.stop import Stop
 
     s = Stop(config=cfg, train=cfg.train("slurm"), domain=cfg.domain("rack-d"), op_id="slurm/deaf/rack-d",
              fleet=fleet, ledger=ledger)
@@ -316,7 +316,7 @@ def test_the_controller_dies_during_a_stop_and_the_train_resumes(world, cluster:
 
 
 def test_commands_over_ssh_are_quoted_argv(tmp_path: Path):
-    from railyard.slurm.config import SlurmSpec
+    from railyard.domain.config.slurm import SlurmSpec
 
     spec = SlurmSpec(transport="ssh", ssh={"host": "ctl1", "key_file": "/k", "known_hosts": "/kh"},
                      slurm_conf="/etc/slurm/slurm.conf")

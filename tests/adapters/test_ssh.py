@@ -18,12 +18,12 @@ import paramiko
 import pytest
 from pydantic import ValidationError
 
-from railyard.config import parse_config
+from railyard.backends.ssh.fleet import SshFleet
+from railyard.backends.ssh.runner import Credentials, HostKeyRefused, SshRunner, op_dir, paramiko_connector
+from railyard.domain.config import parse_config
+from railyard.domain.models import HostState, Step
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
-from railyard.models import HostState, Step
-from railyard.ssh.fleet import SshFleet
-from railyard.ssh.runner import Credentials, HostKeyRefused, SshRunner, op_dir, paramiko_connector
 from tests.support.configs import ssh_config, write_config
 from tests.support.ssh_stop_worker import make as make_stop
 from tests.support.sshd import SshdFarm
@@ -209,7 +209,7 @@ def test_paramiko_never_auto_adds(fresh):
     """The connector refuses unknown keys even if ~/.ssh/known_hosts would list them."""
     conn = paramiko_connector(creds(fresh, fresh.root / "empty_known_hosts"))
     (fresh.root / "empty_known_hosts").write_text("")
-    from railyard.ssh.runner import Target
+    from railyard.backends.ssh.runner import Target
     with pytest.raises(HostKeyRefused):
         conn(Target("gpu-a01", "127.0.0.1", fresh["gpu-a01"].port, str(fresh["gpu-a01"].work_dir)))
     assert (fresh.root / "empty_known_hosts").read_text() == ""
@@ -217,8 +217,8 @@ def test_paramiko_never_auto_adds(fresh):
 
 
 def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp_path, monkeypatch):
-    """FleetHook picks the backend from the config; triggers rebuild it from their marker URL."""
-    from railyard_airflow.hooks.fleet import SSH_URL, FleetHook, fleet_for_url
+    """FleetHook picks the backend from the config, one fleet per process and connection."""
+    from railyard_airflow.hooks.fleet import FleetHook
     from railyard_airflow.hooks.ssh import SshFleetHook
 
     cfg_path = write_config(tmp_path / "railyard.yaml",
@@ -227,9 +227,8 @@ def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp
             "extra": {"key_file": str(fresh.client_key), "known_hosts": str(fresh.known_hosts)}}
     monkeypatch.setenv("AIRFLOW_CONN_RAILYARD_SSH", json.dumps(conn))
     hook = FleetHook(config_path=str(cfg_path))
-    assert hook.base_url == SSH_URL + str(cfg_path)
     fleet = hook.get_conn()
-    assert isinstance(fleet, SshFleet) and fleet_for_url(hook.base_url) is fleet
+    assert isinstance(fleet, SshFleet) and FleetHook(config_path=str(cfg_path)).get_conn() is fleet
     assert {h.state for h in fleet.hosts()} == {HostState.SERVING}
     cfg = hook.config
     for flag in ("no_host_key_check", "allow_host_key_change"):
@@ -295,8 +294,8 @@ def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(tmp_pat
     import socket
     import threading
 
-    from railyard.ssh.runner import CommandTimeout, Target
-    from railyard.ssh.spec import HealthChecksSpec
+    from railyard.backends.ssh.runner import CommandTimeout, Target
+    from railyard.domain.config.ssh import HealthChecksSpec
 
     host = "gpu-z01"
     farm = SshdFarm(tmp_path / "sshd", [host]).start()
@@ -350,8 +349,8 @@ def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(tmp_pat
 def test_reads_never_reach_a_host_and_an_unreached_host_is_unknown_not_failed(fresh, tmp_path, monkeypatch):
     """The page and `plan`/`drift` read the database only (a host no worker has seen is `unknown`); a worker
     that cannot reach a host at first sight keeps it `unknown` and tries again, never failed for good."""
-    import railyard.ssh.fleet as ssh_fleet
-    from railyard.state import ssh_hosts
+    import railyard.backends.ssh.fleet as ssh_fleet
+    from railyard.ledger.state import ssh_hosts
 
     hosts = fresh.ssh_hosts_config()
     hosts["gpu-a02"] = {**hosts["gpu-a02"], "port": 1}  # this worker has no route to it (yet)
@@ -387,9 +386,9 @@ def test_reads_never_reach_a_host_and_an_unreached_host_is_unknown_not_failed(fr
 def test_a_repaired_ssh_host_comes_back_through_the_gate(fresh, tmp_path):
     """`railyard host repaired`: a host offboarded to repair (or failed with no repair holding it) waits,
     drained, for the repair gate, which checks and returns it; never straight back to service."""
-    from railyard.ops import ControlError, mark_repaired
-    from railyard.repair import gate_repaired
-    from railyard.stop import Stop
+    from railyard.operations.ops import ControlError, mark_repaired
+    from railyard.operations.repair import gate_repaired
+    from railyard.operations.stop import Stop
 
     cfg = parse_config(ssh_config(fresh.ssh_hosts_config(), state_db=str(tmp_path / "fleet.db")))
     fleet = SshFleet.from_config(cfg, paramiko_connector(creds(fresh)))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.stack import Stack, free_port
+from railyard.devstack.stack import Stack, free_port
 from tests.support.configs import write_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from railyard.config import DEFAULT_CONFIG, load_config
+from railyard.domain.config import DEFAULT_CONFIG, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["wait_capacity", "wait_checkpoints", "drain", "upgrade", "health_check", "return_to_service"]

@@ -3,8 +3,8 @@ a dry run only plans, and a host-scoped emergency touches exactly its hosts."""
 
 from __future__ import annotations
 
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
 

@@ -40,7 +40,7 @@ def scale_bag(tmp_path_factory):
 
 
 def test_generated_config_is_valid(tmp_path):
-    from railyard.config import load_config
+    from railyard.domain.config import load_config
 
     cfg = load_config(_bench_parse().write_scale_config(tmp_path / "c.yaml", TRAINS, DOMAINS, HOSTS))
     assert len(cfg.trains) == TRAINS

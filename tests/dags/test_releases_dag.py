@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from railyard import cli
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
 

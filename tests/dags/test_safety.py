@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from railyard.domain.models import MAINTENANCE_STATES, HostState
 from railyard.ledger import Ledger
-from railyard.models import MAINTENANCE_STATES, HostState
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
 from tests.support.webhook import webhook_server

@@ -23,7 +23,7 @@ import requests
 from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
-from railyard.stop import Stop
+from railyard.operations.stop import Stop
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import small_config
 from tests.support.webhook import webhook_server

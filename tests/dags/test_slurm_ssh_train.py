@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from railyard.config import load_config, parse_config
-from railyard.emergency import EmergencyRequest, plan
+from railyard.backends.slurm.fleet import fleet_from_config
+from railyard.domain.config import load_config, parse_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.releases import drift, plan_train
-from railyard.slurm.fleet import fleet_from_config
-from railyard.stop import Stop, op_id_for
+from railyard.operations.emergency import EmergencyRequest, plan
+from railyard.operations.releases import drift, plan_train
+from railyard.operations.stop import Stop, op_id_for
 from tests.dags.conftest import load_dag, states
 from tests.support.configs import write_config
 from tests.support.slurm_cluster import SlurmCluster, job_log, reset, running_cluster, submit

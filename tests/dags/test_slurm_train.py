@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from railyard.config import load_config
+from railyard.backends.slurm.fleet import fleet_from_config
+from railyard.domain.config import load_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.slurm.fleet import fleet_from_config
 from tests.support.configs import write_config
 from tests.support.slurm_cluster import SlurmCluster, job_log, reset, running_cluster, slurm_config, submit
 from tests.support.slurm_train import Sampler

@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from railyard.config import load_config
+from railyard.backends.ssh.fleet import SshFleet
+from railyard.backends.ssh.runner import Credentials, paramiko_connector
+from railyard.domain.config import load_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.ssh.fleet import SshFleet
-from railyard.ssh.runner import Credentials, paramiko_connector
-from railyard.stop import op_id_for
+from railyard.operations.stop import op_id_for
 from tests.support.configs import ssh_config, write_config
 from tests.support.sshd import SshdFarm
 

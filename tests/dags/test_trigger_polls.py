@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-import railyard.config
+import railyard.domain.config
+from railyard.domain.models import Host, Job
 from railyard.ledger import Ledger
-from railyard.models import Host, Job
+from railyard.operations.stop import Stop
 from railyard.sim.engine import SimEngine
-from railyard.stop import Stop
 from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
 from tests.support.configs import small_config, write_config
 
@@ -53,7 +53,7 @@ def polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     path = write_config(tmp_path / "railyard.yaml", data)
     context.config.cache_clear()
     built: Counter[str] = Counter()
-    real_load, real_make_stop = railyard.config.load_config, context.make_stop
+    real_load, real_make_stop = railyard.domain.config.load_config, context.make_stop
 
     def load_config(p: Any = None) -> Any:
         built["config"] += 1

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from railyard.devstack.stack import Stack, free_port
 from railyard.ledger import Ledger
-from railyard.stack import Stack, free_port
-from railyard.stop import Stop
+from railyard.operations.stop import Stop
 from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
 from tests.support.configs import small_config, write_config
 
@@ -101,16 +101,6 @@ def test_the_trigger_builds_its_fleet_once_per_instance(live, monkeypatch):
     trig = BufferCapacityTrigger(**kwargs(stack, cfg, url, "pod-b", "r3", deadline=time.time() + 1.5))
     assert first_event(trig)["status"] == "timeout"
     assert built == ["railyard_fleet"]  # ~15 polls, one fleet
-
-
-def test_a_trigger_serialised_by_the_old_version_still_loads(live):
-    """Triggers deferred before an upgrade carry `fleet_url`: they load and use the connection instead."""
-    stack, fleet, cfg, url = live
-    kw = kwargs(stack, cfg, url, "pod-c", "r4", deadline=time.time() + 30)
-    del kw["fleet_conn_id"]
-    trig = BufferCapacityTrigger(**kw, fleet_url=stack.fleet_url)
-    assert "fleet_url" not in trig.serialize()[1]
-    assert first_event(trig)["status"] == "free"
 
 
 def test_a_refused_token_keeps_the_trigger_waiting_and_is_never_logged(live, monkeypatch, caplog, capsys):

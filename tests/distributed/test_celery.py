@@ -12,11 +12,11 @@ from datetime import datetime
 
 import pytest
 
+from railyard.domain.models import HostState
 from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.stop import op_id_for
+from railyard.operations.stop import op_id_for
 from tests.support.configs import small_config, ssh_config, write_config
 from tests.support.distributed import DistributedStack
 from tests.support.sshd import SshdFarm
@@ -118,8 +118,8 @@ def test_worker_killed_mid_install_the_retry_reattaches_on_the_other_worker(star
 
 
 def _kill_mid_install_and_check(stack: DistributedStack, farm: SshdFarm, monkeypatch) -> None:
-    from railyard.ssh.fleet import SshFleet
-    from railyard.ssh.runner import Credentials, paramiko_connector
+    from railyard.backends.ssh.fleet import SshFleet
+    from railyard.backends.ssh.runner import Credentials, paramiko_connector
 
     ledger = Ledger(stack.ledger_url)
     stack.wait_dag(DAG)

@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from railyard.devstack.stack import free_port
+from railyard.domain.models import HostState
 from railyard.fleet.http import HttpFleet
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.stack import free_port
 from tests.support.configs import small_config, write_config
 
 pytestmark = pytest.mark.e2e

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from railyard.demo import marked_sessions
-from railyard.stack import free_port, stop_session
+from railyard.devstack.demo import marked_sessions
+from railyard.devstack.stack import free_port, stop_session
 from tests.support.configs import small_config, write_config
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,9 @@ import psutil
 import pytest
 import requests
 
+from railyard.devstack.stack import Stack, free_port
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.stack import Stack, free_port
 from tests.support.configs import small_config, write_config
 
 pytestmark = pytest.mark.e2e

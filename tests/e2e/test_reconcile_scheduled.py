@@ -12,9 +12,9 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from railyard.devstack.stack import Stack, free_port
+from railyard.domain.models import BROKEN_STATES, HostState
 from railyard.ledger import Ledger
-from railyard.models import BROKEN_STATES, HostState
-from railyard.stack import Stack, free_port
 from tests.support.configs import small_config, write_config
 from tests.support.waiting import until
 

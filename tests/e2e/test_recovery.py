@@ -10,11 +10,11 @@ from urllib.parse import quote
 
 import pytest
 
+from railyard.devstack.stack import Stack, free_port
+from railyard.domain.models import BROKEN_STATES, HostState
 from railyard.ledger import Ledger
-from railyard.models import BROKEN_STATES, HostState
-from railyard.reconcile import AirflowApi, ReconcileError
-from railyard.stack import Stack, free_port
-from railyard.stop import budget_for
+from railyard.operations.reconcile import AirflowApi, ReconcileError
+from railyard.operations.stop import budget_for
 from tests.support.configs import small_config, write_config
 from tests.support.waiting import until
 

@@ -19,9 +19,9 @@ import time
 
 import pytest
 
+from railyard.devstack.stack import Stack, free_port
 from railyard.ledger import Ledger
-from railyard.stack import Stack, free_port
-from railyard.stop import Stop
+from railyard.operations.stop import Stop
 from tests.support.configs import small_config, write_config
 from tests.support.webhook import webhook_server
 

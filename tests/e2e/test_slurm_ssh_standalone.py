@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from railyard.config import load_config
+from railyard.backends.slurm.fleet import fleet_from_config
+from railyard.devstack.stack import Stack, free_port
+from railyard.domain.config import load_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.slurm.fleet import fleet_from_config
-from railyard.stack import Stack, free_port
 from tests.support.configs import write_config
 from tests.support.slurm_cluster import job_log, reset, running_cluster, submit
 from tests.support.slurm_ssh import node_farm, slurm_ssh_config

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from railyard.devstack.stack import Stack, free_port
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.stack import Stack, free_port
 from tests.support.browser import chromium
 from tests.support.browser import login as browser_login
 from tests.support.configs import small_config, write_config

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from railyard.config import ConfigError, parse_config
-from railyard.slurm.fleet import SlurmFleet
-from railyard.ssh.fleet import SshFleet
+from railyard.backends.slurm.fleet import SlurmFleet
+from railyard.backends.ssh.fleet import SshFleet
+from railyard.domain.config import ConfigError, parse_config
 from tests.model.test_model import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +49,17 @@ def test_a_production_fleet_has_no_fault_injection():
             assert not hasattr(fleet, name), (fleet.__name__, name)
 
 
-def test_the_model_gives_the_ledger_its_wall_clock_back():
+def test_the_model_gives_only_its_own_ledger_its_clock():
+    """The model's ledger reads the model's clock; a ledger made anywhere else reads the wall clock."""
     import time
 
-    import railyard.ledger
-    from tests.model.test_model import replay
+    from railyard.ledger import Ledger
+    from tests.model.test_model import Railyard
 
-    replay(("time_passes", {"seconds": 10}))
-    assert railyard.ledger.time is time
+    m = Railyard()
+    try:
+        m.time_passes(seconds=600)
+        assert m.ledger.clock() == 1.7e9 + m.clock()
+    finally:
+        m.teardown()
+    assert Ledger("sqlite://").clock is time.time

@@ -22,7 +22,6 @@ import functools
 import os
 import sys
 import tempfile
-import time
 from typing import Any
 
 import pytest
@@ -30,19 +29,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import railyard.ledger
-import railyard.stop
-from railyard.config import parse_config
-from railyard.emergency import parse_request, plan, run_op, stop_of_run
+import railyard.operations.stop
+from railyard.domain.config import parse_config
+from railyard.domain.models import MAINTENANCE_STATES, HostState
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
-from railyard.models import MAINTENANCE_STATES, HostState
-from railyard.ops import ControlError, release_lease
-from railyard.reconcile import reconcile
-from railyard.releases import ReleaseError, Rollout
-from railyard.repair import gate_repaired
+from railyard.operations.emergency import parse_request, plan, run_op, stop_of_run
+from railyard.operations.ops import ControlError, release_lease
+from railyard.operations.reconcile import reconcile
+from railyard.operations.releases import ReleaseError, Rollout
+from railyard.operations.repair import gate_repaired
+from railyard.operations.stop import LAUNCH_AT_ONCE, Stop, StopError
 from railyard.sim.engine import SimEngine
-from railyard.stop import LAUNCH_AT_ONCE, Stop, StopError
 from tests.unit.test_stop import Clock
 
 DOMAINS = ["pod-a", "pod-b", "pod-c"]
@@ -137,21 +135,6 @@ class Faulty:
         return call
 
 
-class LedgerTime:
-    """The ledger's wall clock (`time.time()`: a waiter's place in line lasts WAITER_TTL_S of it) read from the
-    model's clock, so that a schedule decides the same however long its steps take to run (Hypothesis replays
-    a schedule to shrink it, and a replay must decide as the first run did)."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-
-    def time(self) -> float:
-        return 1.7e9 + self._clock()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 class Runs:
     """Airflow as the reconciler and the hand release see it: a run is running until abandoned, then gone."""
 
@@ -204,12 +187,14 @@ class Railyard(RuleBasedStateMachine):
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
         self.clock = Clock()
-        railyard.ledger.time = LedgerTime(self.clock)  # type: ignore[assignment]
         # a step's hosts launched one after another, in order: side by side, the order in which threads draw the
         # simulator's failures and reach an armed fault would differ between a schedule and its replay
-        railyard.stop.LAUNCH_AT_ONCE = 1
+        railyard.operations.stop.LAUNCH_AT_ONCE = 1
         self.sim = SimEngine(CFG, None, clock=self.clock)
-        self.ledger = Ledger(self.ledger_url())
+        # the ledger's wall clock (a waiter's place in line lasts WAITER_TTL_S of it) is the model's, so that a
+        # schedule decides the same however long its steps take to run (Hypothesis replays a schedule to shrink
+        # it, and a replay must decide as the first run did)
+        self.ledger = Ledger(self.ledger_url(), clock=lambda: 1.7e9 + self.clock())
         self.plan = Plan()
         self.fleet = Faulty(self.sim, FLEET_WRITES, self.plan, FleetError)
         self.led = Faulty(self.ledger, LEDGER_WRITES, self.plan, RuntimeError)
@@ -550,8 +535,7 @@ class Railyard(RuleBasedStateMachine):
         finally:
             self.ledger.dispose()
             self.sim.close()
-            railyard.ledger.time = time  # type: ignore[assignment]  # the wall clock again, for every other test
-            railyard.stop.LAUNCH_AT_ONCE = LAUNCH_AT_ONCE
+            railyard.operations.stop.LAUNCH_AT_ONCE = LAUNCH_AT_ONCE
 
 
 EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from railyard.stack import AirflowRest, StackError, free_port
+from railyard.devstack.stack import AirflowRest, StackError, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -152,7 +152,7 @@ def reference_settings() -> dict:
             return f"postgresql+psycopg2://postgres@/{db}?host=/run/pg" if isinstance(db, str) else \
                 f"redis://127.0.0.1:6379/{db}"
 
-    from railyard.config import config_path
+    from railyard.domain.config import config_path
 
     stack = DistributedStack(home=Path(tempfile.gettempdir()) / "unused", config_file=config_path())
     stack.pg = stack.redis = _Placeholder()
@@ -235,7 +235,7 @@ class DistributedStack(AirflowRest):
     run_poll_s = 0.5  # a class attribute (AirflowRest.wait_run), not a field
 
     def __post_init__(self) -> None:
-        from railyard.config import load_config
+        from railyard.domain.config import load_config
 
         self.home = Path(self.home).resolve()
         self.config_file = Path(self.config_file).resolve()
@@ -399,7 +399,7 @@ class DistributedStack(AirflowRest):
 
     def start_sim(self) -> None:
         """`railyard sim serve`, as Stack.start_sim runs it, with the fleet token required."""
-        from railyard.stack import _wait
+        from railyard.devstack.stack import _wait
 
         log = self.home / "logs" / "sim.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -574,7 +574,7 @@ class DistributedStack(AirflowRest):
                 c.proc.wait(10)
         sim = self.components.get("sim")
         if sim is not None and sim.proc.poll() is None:
-            from railyard.stack import _stop_group
+            from railyard.devstack.stack import _stop_group
 
             _stop_group(sim.proc, grace=10)
         stray = self.ours()
@@ -590,7 +590,7 @@ class DistributedStack(AirflowRest):
             self._pg_root = None
         psutil.wait_procs(self.ours(), timeout=5)
 
-    # ---- REST (railyard.stack.AirflowRest, as Stack) ------------------------------------------------------
+    # ---- REST (railyard.devstack.stack.AirflowRest, as Stack) ------------------------------------------------------
     def _admin_password(self) -> str:
         return self.admin_password
 

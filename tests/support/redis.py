@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from railyard.stack import free_port
+from railyard.devstack.stack import free_port
 
 REDIS_SERVER = "redis-server"
 

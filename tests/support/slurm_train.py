@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from railyard.config import RailyardConfig
+from railyard.backends.slurm.commands import expand_hostlist
+from railyard.domain.config import RailyardConfig
 from railyard.ledger import Ledger
-from railyard.slurm.commands import expand_hostlist
-from railyard.stop import Stop, StopError, end_run, op_id_for
+from railyard.operations.stop import Stop, StopError, end_run, op_id_for
 from tests.support.slurm_cluster import SlurmCluster
 
 log = logging.getLogger("tests.slurm_train")

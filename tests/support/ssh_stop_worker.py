@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from railyard.config import load_config
+from railyard.backends.ssh.fleet import SshFleet
+from railyard.backends.ssh.runner import Credentials, paramiko_connector
+from railyard.domain.config import load_config
 from railyard.ledger import Ledger
-from railyard.ssh.fleet import SshFleet
-from railyard.ssh.runner import Credentials, paramiko_connector
-from railyard.stop import Stop, op_id_for
+from railyard.operations.stop import Stop, op_id_for
 
 
 def make(config_path: str, ledger_url: str, run_id: str, domain: str, user: str, key: str, known: str) -> Stop:

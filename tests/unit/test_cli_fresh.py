@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from railyard.config import load_config
-from railyard.stack import free_port
+from railyard.devstack.stack import free_port
+from railyard.domain.config import load_config
 
 RAILYARD = Path(sys.executable).parent / "railyard"
 SIM_PORT = load_config().simulator.port  # the default config's: where `plan` and `drift` look by default

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from railyard.config import DEFAULT_CONFIG, ConfigError, expand_hostlist, load_config, parse_config
+from railyard.domain.config import DEFAULT_CONFIG, ConfigError, expand_hostlist, load_config, parse_config
 
 BASE = yaml.safe_load(DEFAULT_CONFIG.read_text())
 

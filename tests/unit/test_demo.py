@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from railyard.config import parse_config
-from railyard.demo import first_train, summary
+from railyard.devstack.demo import first_train, summary
+from railyard.domain.config import parse_config
 from railyard.sim.engine import SimEngine
 from tests.support.configs import small_config
 

@@ -66,8 +66,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     g = import_graph()
-    assert "railyard.planning" in g["railyard.stop"] and "railyard.releases" in g["railyard.stop"]
-    assert "railyard.ssh.spec" in g["railyard.config"]
+    assert "railyard.domain.planning" in g["railyard.operations.stop"] and "railyard.operations.releases" in g["railyard.operations.stop"]
+    assert "railyard.domain.config.ssh" in g["railyard.domain.config"]
 
 
 def test_a_circle_is_found() -> None:
@@ -76,3 +76,55 @@ def test_a_circle_is_found() -> None:
 
 def test_the_core_has_no_import_circles() -> None:
     assert circles(import_graph()) == []
+
+
+# Which way imports go (docs/design.md, "The layers"): each layer, and the layers it may import besides itself.
+LAYERS = {
+    "railyard.domain": set(),
+    "railyard.ledger": {"railyard.domain"},
+    "railyard.fleet": {"railyard.domain"},
+    "railyard.operations": {"railyard.domain", "railyard.ledger", "railyard.fleet.port", "railyard.fleet.once"},
+    "railyard.backends": {"railyard.domain", "railyard.ledger", "railyard.fleet.port", "railyard.fleet.once"},
+}
+ROOT = {"railyard.fleet.registry"}  # the composition root: builds every backend
+
+
+def layer_of(module: str) -> str | None:
+    return next((layer for layer in LAYERS if module == layer or module.startswith(layer + ".")), None)
+
+
+def crossings(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import) for every import a layer may not make."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        layer = layer_of(mod)
+        if layer is None or mod in ROOT:
+            continue
+        for dep in sorted(deps):
+            allowed = LAYERS[layer] | {layer}
+            if not any(dep == a or dep.startswith(a + ".") for a in allowed) and dep != "railyard":
+                out.append((mod, dep))
+    return out
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    assert crossings(import_graph()) == []
+
+
+def test_a_crossing_is_found() -> None:
+    g = {"railyard.domain.config": {"railyard.ledger.core"}, "railyard.operations.stop": {"railyard.backends.ssh.fleet"},
+         "railyard.backends.ssh.fleet": {"railyard.operations.stop", "railyard.fleet.port"},
+         "railyard.fleet.registry": {"railyard.backends.ssh.fleet"}}
+    assert crossings(g) == [("railyard.backends.ssh.fleet", "railyard.operations.stop"),
+                            ("railyard.domain.config", "railyard.ledger.core"),
+                            ("railyard.operations.stop", "railyard.backends.ssh.fleet")]
+
+
+def test_nothing_in_the_core_imports_airflow() -> None:
+    found = []
+    for p in (CORE / "railyard").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{p.relative_to(CORE)}: {n}" for n in names if n.split(".")[0] == "airflow"]
+    assert found == []

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from railyard.config import ConfigError, parse_config
+from railyard.domain.config import ConfigError, parse_config
 from railyard.ledger import Ledger, LedgerError, check_url, resolve_url
-from railyard.state import Store
+from railyard.ledger.state import Store
 from tests.support.configs import small_config
 
 SECRET = "pw-71c4e0a9d2b35f86"

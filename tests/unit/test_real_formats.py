@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from railyard.ssh.checks import parse_all_reduce_perf, parse_dcgmi_diag, parse_nvidia_smi, parse_xid
-from railyard.ssh.spec import FATAL_XIDS
+from railyard.backends.ssh.checks import parse_all_reduce_perf, parse_dcgmi_diag, parse_nvidia_smi, parse_xid
+from railyard.domain.config.ssh import FATAL_XIDS
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 CORPUS_FATAL = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)  # the set expected.json is judged by (FATAL_XIDS adds 61, 62)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.config import parse_config
-from railyard.emergency import broken_rules, parse_request
+from railyard.domain.config import parse_config
+from railyard.domain.models import BROKEN_STATES, HostState
 from railyard.ledger import Ledger
-from railyard.models import BROKEN_STATES, HostState
-from railyard.ops import ControlError, describe_host, describe_ops, release_lease
-from railyard.reconcile import dag_id_for, owner_of, reconcile
+from railyard.operations.emergency import broken_rules, parse_request
+from railyard.operations.ops import ControlError, describe_host, describe_ops, release_lease
+from railyard.operations.reconcile import dag_id_for, owner_of, reconcile
+from railyard.operations.stop import Stop, pending_steps
 from railyard.sim.engine import SimEngine
-from railyard.stop import Stop, pending_steps
 from tests.unit.test_stop import CONFIG, Clock, wait_checkpoints, world
 
 
@@ -90,7 +90,7 @@ def test_a_half_installed_host_is_never_returned_in_a_mix_that_breaks_a_rule(tmp
     assert s.take().granted
     wait_checkpoints(s, clock)
     s.drain()
-    from railyard.models import Step
+    from railyard.domain.models import Step
 
     fleet.upgrade("ha1", [Step(component="gpu-driver", version="570.86.15")], s.op_id)  # crash after one of two
     (r,) = go(cfg, fleet, ledger, clock, Runs({}))
@@ -199,7 +199,7 @@ def test_an_emergency_stop_whose_run_is_gone_is_finished_too(tmp_path):
 
     cfg, clock, fleet, ledger, _stop, emergency = emergency_world(tmp_path)
     req = {"releases": ["drv-575"], "domains": ["pod-b"], "reason": "CVE-2026-1 in the driver"}
-    from railyard.emergency import plan
+    from railyard.operations.emergency import plan
 
     p = plan(cfg, fleet, parse_request(cfg, req))
     ledger.open_operation("emergency/e1", kind="emergency_run", detail={"request": {**req}, "plan": p, "user": "u"},
@@ -219,7 +219,7 @@ def test_an_emergency_stop_whose_run_is_gone_is_finished_too(tmp_path):
 
 
 def test_the_demo_progress_line_says_what_a_stop_waits_for_and_who_holds_it(tmp_path):
-    from railyard.demo import waiting_for
+    from railyard.devstack.demo import waiting_for
 
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     assert waiting_for(ledger, "pod-b", "wait_capacity") == ""
@@ -231,7 +231,7 @@ def test_the_demo_progress_line_says_what_a_stop_waits_for_and_who_holds_it(tmp_
 
 def test_a_closing_check_never_passes_on_a_host_that_reports_no_version(tmp_path):
     """Fail closed: a host whose versions say nothing of a component is checked against its target."""
-    from railyard.models import Host
+    from railyard.domain.models import Host
 
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()

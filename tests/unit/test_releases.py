@@ -7,13 +7,13 @@ import json
 import pytest
 
 from railyard import cli
-from railyard.compat import compare, parse_rule
-from railyard.config import ConfigError, parse_config
+from railyard.domain.compat import compare, parse_rule
+from railyard.domain.config import ConfigError, parse_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.releases import Rollout, check_plan, describe_drift, drift, drift_chart, plan_train
+from railyard.operations.releases import Rollout, check_plan, describe_drift, drift, drift_chart, plan_train
+from railyard.operations.stop import Stop
 from railyard.sim.engine import SimEngine
-from railyard.stop import Stop
 from tests.unit.test_stop import Clock, wait_checkpoints
 
 DRV, FM, KRN = "gpu-driver", "fabric-manager", "kernel"

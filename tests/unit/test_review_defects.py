@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from railyard.domain.models import HostState
 from railyard.fleet.port import FleetError
-from railyard.models import HostState
-from railyard.ops import ControlError, release_lease
-from railyard.reconcile import ReconcileError, reconcile
-from railyard.repair import gate_repaired
+from railyard.operations.ops import ControlError, release_lease
+from railyard.operations.reconcile import ReconcileError, reconcile
+from railyard.operations.repair import gate_repaired
 from tests.unit.test_reconcile import Runs, settle
 from tests.unit.test_stop import wait_checkpoints, world
 
@@ -224,10 +224,10 @@ def test_one_repair_that_cannot_go_through_the_gate_does_not_starve_the_others(t
 
 def test_a_capacity_probe_never_starts_promotes_or_halts_a_rollout(tmp_path):
     """A trigger's poll (`take(probe=True)`) previews the phase gates; the task it wakes writes them."""
-    from railyard.config import parse_config
+    from railyard.domain.config import parse_config
     from railyard.ledger import Ledger
+    from railyard.operations.stop import Stop
     from railyard.sim.engine import SimEngine
-    from railyard.stop import Stop
     from tests.unit.test_releases import phased
     from tests.unit.test_stop import Clock
 
@@ -251,9 +251,9 @@ def test_a_capacity_probe_never_starts_promotes_or_halts_a_rollout(tmp_path):
 
 
 def test_a_release_action_cleared_and_run_again_is_applied_once(tmp_path):
-    from railyard.config import parse_config
+    from railyard.domain.config import parse_config
     from railyard.ledger import Ledger
-    from railyard.releases import Rollout
+    from railyard.operations.releases import Rollout
     from tests.unit.test_releases import phased
 
     cfg = parse_config(phased())
@@ -275,7 +275,7 @@ def test_a_release_action_cleared_and_run_again_is_applied_once(tmp_path):
     "postgresql+psycopg2://ry:s3cr3t-in-query@127.0.0.1:1/railyard",
 ])
 def test_a_credential_anywhere_in_the_ledger_url_is_never_shown_or_shipped(url):
-    from railyard.config import ConfigError, parse_config
+    from railyard.domain.config import ConfigError, parse_config
     from railyard.ledger import Ledger, LedgerError, safe_url
     from railyard_airflow.sensors.stop import shareable_url
     from tests.unit.test_stop import CONFIG
@@ -310,7 +310,7 @@ def test_a_drain_without_the_checkpoint_wait_asks_the_jobs_itself_and_waits(tmp_
 
 
 def test_a_drain_refuses_while_a_job_has_no_fresh_checkpoint(tmp_path):
-    from railyard.stop import StopError
+    from railyard.operations.stop import StopError
 
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from railyard.config import ConfigError, RailyardConfig, parse_config
+from railyard.domain.config import ConfigError, RailyardConfig, parse_config
+from railyard.domain.models import Host, HostState, Job, Step
 from railyard.fleet import FleetNotFound
 from railyard.fleet.once import ReadOnce
 from railyard.ledger import Ledger
-from railyard.models import Host, HostState, Job, Step
-from railyard.releases import drift, plan_train
+from railyard.operations.releases import drift, plan_train
 from railyard.sim.engine import SimEngine
 from tests.unit.test_stop import Clock
 

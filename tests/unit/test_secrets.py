@@ -14,11 +14,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from fastapi.testclient import TestClient
 
-from railyard.config import load_config
-from railyard.escalate import escalate, webhook_host
+from railyard.domain.config import load_config
 from railyard.fleet.http import HttpFleet, env_token
 from railyard.fleet.port import FleetError
 from railyard.ledger import Ledger
+from railyard.operations.escalate import escalate, webhook_host
 from railyard.sim.app import OPEN_PATHS, create_app, resolve_token
 from railyard.sim.engine import SimEngine
 from tests.support.configs import small_config, write_config

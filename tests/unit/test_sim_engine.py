@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from railyard.config import RailyardConfig, parse_config
+from railyard.domain.config import RailyardConfig, parse_config
+from railyard.domain.models import HostState, Step
 from railyard.fleet import FleetNotFound
 from railyard.fleet.port import Fleet, FleetError
-from railyard.models import HostState, Step
 from railyard.sim.engine import SimEngine
 
 SPEED = 10.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from railyard.config import DEFAULT_CONFIG, RailyardConfig, load_config
-from railyard.sizing import (
+from railyard.domain.config import DEFAULT_CONFIG, RailyardConfig, load_config
+from railyard.tools.sizing import (
     SizingError,
     config_with_layout,
     evaluate,

@@ -1,4 +1,4 @@
-"""`railyard.slurm.parse` on recorded Slurm JSON of every major version from 22.05 to 25.05.
+"""`railyard.backends.slurm.parse` on recorded Slurm JSON of every major version from 22.05 to 25.05.
 
 The fixtures and where each came from are in tests/fixtures/slurm/SOURCES.md. Each version's case
 names the nodes and jobs that play a role (idle, drained by an admin, draining under a running job,
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from railyard.slurm import parse
-from railyard.slurm.commands import expand_hostlist
+from railyard.backends.slurm import parse
+from railyard.backends.slurm.commands import expand_hostlist
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -523,7 +523,7 @@ class FixtureCli:
         self.writes: list[tuple[str, ...]] = []
 
     def run(self, *argv: str, retry: bool = True) -> str:
-        from railyard.slurm.commands import is_write
+        from railyard.backends.slurm.commands import is_write
 
         if is_write(argv):
             self.writes.append(argv)
@@ -548,9 +548,9 @@ class NoRunner:
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_the_slurm_fleet_reads_every_version(case: Case, tmp_path: Path) -> None:
-    from railyard.config import parse_config
-    from railyard.models import HostState
-    from railyard.slurm.fleet import SlurmFleet
+    from railyard.backends.slurm.fleet import SlurmFleet
+    from railyard.domain.config import parse_config
+    from railyard.domain.models import HostState
 
     names = [case.idle, case.admin, case.draining]
     cfg = parse_config({
@@ -563,7 +563,7 @@ def test_the_slurm_fleet_reads_every_version(case: Case, tmp_path: Path) -> None
     })
     assert cfg.fleet.slurm is not None
     cli = FixtureCli(case)
-    from railyard.state import Store
+    from railyard.ledger.state import Store
 
     store = Store(f"sqlite:///{tmp_path}/state.db")
     fleet = SlurmFleet(cfg, cfg.fleet.slurm, NoRunner(), store=store, cli=cli)  # type: ignore[arg-type]

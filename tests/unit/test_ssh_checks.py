@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.recipes import render, template_fields
-from railyard.ssh.checks import (
+from railyard.backends.ssh.checks import (
     check_command,
     check_versions,
     parse_all_reduce_perf,
@@ -17,7 +16,8 @@ from railyard.ssh.checks import (
     parse_nvidia_smi,
     parse_xid,
 )
-from railyard.ssh.spec import FATAL_XIDS, HealthChecksSpec
+from railyard.domain.config.ssh import FATAL_XIDS, HealthChecksSpec
+from railyard.domain.recipes import render, template_fields
 
 STANDINS = Path(__file__).resolve().parents[1] / "support" / "standins"
 

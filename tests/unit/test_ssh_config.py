@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from railyard.config import ConfigError, parse_config
+from railyard.domain.config import ConfigError, parse_config
 from tests.support.configs import small_config, ssh_config
 
 HOSTS = {f"gpu-{d}{i:02d}": {"address": "127.0.0.1", "port": 22000 + n * 4 + i, "work_dir": f"/var/tmp/ry/{d}{i}"}

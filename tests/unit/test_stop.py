@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.config import parse_config
+from railyard.domain.config import parse_config
+from railyard.domain.models import HostState
 from railyard.ledger import Ledger
-from railyard.models import HostState
+from railyard.operations.stop import Stop, StopError
 from railyard.sim.engine import SimEngine
-from railyard.stop import Stop, StopError
 
 CONFIG = {
     "components": [
@@ -348,7 +348,7 @@ def test_capacity_never_below_the_floor_with_failures_and_a_second_operation(tmp
 
 
 def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
-    from railyard.repair import gate_repaired
+    from railyard.operations.repair import gate_repaired
 
     cfg, clock, fleet, ledger, stop = world(tmp_path, upgrade_fail_rate=1.0)
     s = stop()
@@ -379,7 +379,7 @@ def test_a_repaired_host_comes_back_only_through_the_gate(tmp_path):
 def test_a_host_that_fails_the_gate_twice_comes_back_on_the_third_attempt(tmp_path):
     """Each gate attempt is a fresh operation: the failures of the first two are never re-applied, and
     the lease is released from the host's state now, not from the history of offboards in the audit."""
-    from railyard.repair import gate_repaired
+    from railyard.operations.repair import gate_repaired
 
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()
@@ -415,7 +415,7 @@ def test_a_host_that_fails_the_gate_twice_comes_back_on_the_third_attempt(tmp_pa
 def test_a_host_offboarded_by_an_emergency_comes_back_through_the_gate(tmp_path):
     """The gate brings it to the emergency's targets, frozen when it was offboarded (there is no train
     called `emergency` to look them up from)."""
-    from railyard.repair import gate_repaired
+    from railyard.operations.repair import gate_repaired
 
     cfg, clock, fleet, ledger, _stop, emergency = emergency_world(tmp_path)
     e = emergency("pod-b")
@@ -439,7 +439,7 @@ def test_a_host_offboarded_by_an_emergency_comes_back_through_the_gate(tmp_path)
 def emergency_world(tmp_path, **kw):
     top = {"releases": CONFIG["releases"] + [{"id": "drv-575", "component": "gpu-driver", "version": "575.1"}]}
     cfg, clock, fleet, ledger, stop = world(tmp_path, top=top, **kw)
-    from railyard.config import TrainSpec
+    from railyard.domain.config import TrainSpec
 
     spec = TrainSpec(id="emergency", releases=["drv-575"], max_failure_fraction=1.0, max_dodges=0)
 

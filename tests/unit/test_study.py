@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from railyard.sizing import SizingError
-from railyard.study import parse_spec, run_strategy, study
+from railyard.tools.sizing import SizingError
+from railyard.tools.study import parse_spec, run_strategy, study
 
 SHORT: dict[str, Any] = {"hosts": 256, "unit_hosts": 8, "cycle_days": 0.5, "step_s": 30}
 CASES = {
@@ -33,7 +33,7 @@ def test_the_planners_best_count_is_within_one_step_of_the_studys(case: str) -> 
 
 
 def test_large_jobs_want_fewer_domains_than_small_ones() -> None:
-    from railyard.sizing import plan
+    from railyard.tools.sizing import plan
 
     best = {c: plan(parse_spec(CASES[c]).sizing())["best"]["domains"] for c in ("large-jobs", "small-jobs")}
     assert best["large-jobs"] < best["small-jobs"]
@@ -41,7 +41,7 @@ def test_large_jobs_want_fewer_domains_than_small_ones() -> None:
 
 def test_trains_hold_the_floor_a_window_drops_to_zero_naive_rolling_loses_more() -> None:
     spec = parse_spec(CASES["default"])
-    from railyard.sizing import plan
+    from railyard.tools.sizing import plan
 
     n = plan(spec.sizing())["best"]["domains"]
     train = run_strategy(spec, "train", n)

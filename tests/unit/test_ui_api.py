@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from railyard.config import parse_config
+from railyard.domain.config import parse_config
+from railyard.domain.models import HostState
+from railyard.domain.planning import budget_for
 from railyard.ledger import Ledger
-from railyard.models import HostState
-from railyard.planning import budget_for
 from railyard.sim.engine import SimEngine
 from railyard_airflow.ui import app as ui_app
 from tests.support.configs import small_config

@@ -24,10 +24,9 @@ import requests
 from pydantic import TypeAdapter, ValidationError
 from requests.auth import AuthBase
 
-from railyard import gcpause
-from railyard.fleet import FleetNotFound
+from railyard.domain.models import Capacity, CheckResult, Host, Job, Step
+from railyard.fleet import FleetNotFound, gcpause
 from railyard.fleet.port import FleetError
-from railyard.models import Capacity, CheckResult, Host, Job, Step
 
 _RETRY_STATUS = frozenset({502, 503, 504})
 # Bulk answers are validated straight from the bytes (pydantic-core parses and checks in one pass):

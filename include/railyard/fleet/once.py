@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from railyard.domain.models import Capacity, CheckResult, Host, Job, Step
 from railyard.fleet.port import Fleet, FleetNotFound
-from railyard.models import Capacity, CheckResult, Host, Job, Step
 
 
 class ReadOnce:

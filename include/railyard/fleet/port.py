@@ -7,9 +7,9 @@ work in flight instead of starting it twice. `op` is the operation id that owns 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from railyard.models import Capacity, CheckResult, Host, Job, Step
+from railyard.domain.models import Capacity, CheckResult, Host, Job, Step
 
 
 class FleetError(RuntimeError):
@@ -53,3 +53,47 @@ class Fleet(Protocol):
 
     def handover(self, hosts: list[str], from_op: str, to_op: str) -> None:
         """Hosts held by `from_op` pass to `to_op` (a repair, an emergency) without coming back."""
+
+
+# ---- optional capabilities: what some fleets do beyond the port. The core asks `isinstance(fleet, X)`,
+# never a backend's name. (Wrappers such as `ReadOnce` pass them through: tests/unit/test_fleet_capabilities.py.)
+
+@runtime_checkable
+class Reservations(Protocol):
+    """Domains reserved ahead of their stops, so the scheduler places no job that would run into them (Slurm)."""
+
+    def reserve(self, op: str, domains: list[str]) -> None:
+        """Reserve `domains[0]` now for one stop window and each later one at its expected window."""
+
+    def unreserve(self, domains: list[str]) -> list[str]:
+        """Delete Railyard's reservations of these domains; returns the ones deleted."""
+
+
+@runtime_checkable
+class HealthGate(Protocol):
+    """A fleet whose scheduler can undo Railyard's drains and resumes by itself (a restarted controller):
+    the gate puts them back, at the end of a run included."""
+
+    def enforce_gate(self) -> Any:
+        """Drain again what Railyard holds and the scheduler returned; give back again what it gave back."""
+
+
+@runtime_checkable
+class TendsDetachedWork(Protocol):
+    """A fleet whose long work runs detached on the hosts (SSH, Slurm's runner): a waiting write step tends
+    it every few seconds, relaunching what stopped. Never called by a read."""
+
+    def tend(self, hosts: list[str], op: str) -> list[str]:
+        """Launch again `op`'s work that is not running on `hosts`; returns the hosts relaunched."""
+
+
+@runtime_checkable
+class RequeuesSilentJobs(Protocol):
+    """A fleet that can requeue a job that stays silent after a checkpoint request (Slurm's `requeue`
+    checkpoint policy); the policy is the fleet's own."""
+
+    def requeue_grace_s(self) -> float | None:
+        """How long a silent job is waited for before it is requeued; None: never requeued (policy `wait`)."""
+
+    def requeue_silent(self, job_ids: list[str], op: str, why: str) -> list[str]:
+        """Requeue the jobs, recording the work each loses since its last checkpoint; returns those requeued."""

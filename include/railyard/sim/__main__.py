@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from railyard.config import ConfigError, load_config
+from railyard.domain.config import ConfigError, load_config
 from railyard.sim.app import resolve_token, serve
 
 

@@ -28,10 +28,10 @@ from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from railyard.config import RailyardConfig
+from railyard.domain.config import RailyardConfig
+from railyard.domain.models import TOKEN_RE, Capacity, CheckResult, Host, Job, Step, Token, check_token
 from railyard.fleet import FleetNotFound
 from railyard.fleet.port import FleetError
-from railyard.models import TOKEN_RE, Capacity, CheckResult, Host, Job, Step, Token, check_token
 from railyard.sim.engine import SimEngine
 
 log = logging.getLogger("railyard.sim")

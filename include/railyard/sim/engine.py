@@ -24,10 +24,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import timezone
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from railyard.config import RailyardConfig
-from railyard.fleet import FleetNotFound
-from railyard.fleet.port import FleetError
-from railyard.models import (
+from railyard.domain.config import RailyardConfig
+from railyard.domain.models import (
     MAINTENANCE_STATES,
     Capacity,
     CheckResult,
@@ -37,6 +35,8 @@ from railyard.models import (
     Step,
     check_token,
 )
+from railyard.fleet import FleetNotFound
+from railyard.fleet.port import FleetError
 
 SNAPSHOT_VERSION = 1
 

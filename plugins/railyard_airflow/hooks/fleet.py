@@ -7,17 +7,14 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from railyard.config import RailyardConfig, config_path
+from railyard.domain.config import RailyardConfig, config_path
 from railyard.fleet.port import Fleet
-
-SSH_URL = "ssh-fleet:"  # what `base_url` says for the ssh backend; triggers turn it back into a fleet
-SLURM_URL = "slurm-fleet:"  # the same for the slurm backend (railyard.slurm.fleet.SlurmFleet)
 
 
 class FleetHook(BaseHook):
     """The fleet of the config: `http` (default) talks to a fleet manager that speaks Railyard's fleet
     API (the simulator is one); `ssh` drives plain hosts over SSH (`SshFleetHook`); `slurm` drives a
-    Slurm cluster (`railyard.slurm.fleet.SlurmFleet`, configured by `fleet.slurm`).
+    Slurm cluster (`railyard.backends.slurm.fleet.SlurmFleet`, configured by `fleet.slurm`).
 
     Connection for `http`: conn_type `http`, host, port, schema `http`/`https`; never credentials in the
     host (a `user:pass@` URL is refused). Authentication, in this order (`fleet_auth`):
@@ -41,7 +38,7 @@ class FleetHook(BaseHook):
     conn_type = "http"
     hook_name = "Railyard fleet"
 
-    def __init__(self, fleet_conn_id: str = default_conn_name, config_path: str | None = None, **kwargs) -> None:
+    def __init__(self, fleet_conn_id: str = default_conn_name, config_path: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fleet_conn_id = fleet_conn_id
         self.config_path = config_path
@@ -58,10 +55,7 @@ class FleetHook(BaseHook):
 
     @cached_property
     def base_url(self) -> str:
-        if self.backend == "ssh":
-            return SSH_URL + str(config_path(self.config_path))
-        if self.backend == "slurm":
-            return SLURM_URL + str(config_path(self.config_path))
+        """The fleet API's URL (backend `http`), from the connection."""
         conn = self.get_connection(self.fleet_conn_id)
         host = conn.host or "127.0.0.1"
         if "://" in host:
@@ -71,36 +65,31 @@ class FleetHook(BaseHook):
         return f"{scheme}://{host}{port}"
 
     def get_conn(self, *, read_only: bool = False) -> Fleet:
-        """The fleet. `read_only` (the Railyard page): an SSH fleet reads the database as the workers left it,
-        a Slurm fleet reads Slurm and the versions Railyard verified (node features); neither reaches a host
-        (the api-server may have no route or key to them)."""
+        """The fleet (`railyard.fleet.registry.build_fleet`), with the credentials of Airflow's Connections.
+        `read_only` (the Railyard page): an SSH fleet reads the database as the workers left it, a Slurm fleet
+        reads Slurm and the versions Railyard verified (node features); neither reaches a host (the api-server
+        may have no route or key to them)."""
+        from railyard.fleet.registry import build_fleet
+
+        if read_only and self.backend in ("ssh", "slurm"):
+            return build_fleet(self.config, read_only=True)
         if self.backend == "ssh":
             from railyard_airflow.hooks.ssh import SshFleetHook
 
             ssh = self.config.fleet.ssh
             assert ssh is not None
-            if read_only:
-                from railyard.ssh.fleet import SshFleet
-
-                return SshFleet.reader(self.config)
             return SshFleetHook(ssh.connection).fleet(self.config)
         if self.backend == "slurm":
-            if read_only:
-                from railyard.slurm.fleet import SlurmFleet
-
-                return SlurmFleet.reader(self.config)
             return _slurm_fleet(self.config)
         conn = self.get_connection(self.fleet_conn_id)
         extra = conn.extra_dejson
         auth = fleet_auth(conn.login, conn.password, extra, conn_id=self.fleet_conn_id)
         for secret in (auth.get("token"), auth.get("password")):
             _mask(secret)
-        # imported here: it imports requests (40 ms), and every DAG file imports this module
-        from railyard.fleet.http import HttpFleet
-
-        return HttpFleet(self.base_url, **auth, **fleet_tls(extra, conn_id=self.fleet_conn_id),
-                         read_timeout=float(extra.get("read_timeout", 15.0)),
-                         connect_timeout=float(extra.get("connect_timeout", 3.0)))
+        return build_fleet(self.config, http={
+            "base_url": self.base_url, **auth, **fleet_tls(extra, conn_id=self.fleet_conn_id),
+            "read_timeout": float(extra.get("read_timeout", 15.0)),
+            "connect_timeout": float(extra.get("connect_timeout", 3.0))})
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -145,7 +134,7 @@ def fleet_auth(login: str | None, password: str | None, extra: dict[str, Any], *
         raise ValueError(f"{where}: a bearer token is used with no login; clear the login "
                          "(or set extra.auth to basic for login/password)")
     if token or password:
-        return {"token": token or password}
+        return {"token": str(token or password)}
     if mode == "bearer":
         raise ValueError(f"{where}: extra.auth is bearer but no token is set (password or extra.token)")
     return {}
@@ -197,31 +186,15 @@ def _slurm_fleet(config: RailyardConfig) -> Fleet:
     Nodes are reached with the credentials of the Airflow SSH connection `fleet.ssh.connection`."""
     import hashlib
 
-    from railyard.slurm.fleet import fleet_from_config
+    from railyard.fleet.registry import build_fleet
 
     key = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
     if key not in _SLURM:
-        connect = None
+        creds = None
         slurm, ssh = config.fleet.slurm, config.fleet.ssh
         if ssh is not None and (slurm is None or slurm.runner == "ssh"):
-            from railyard.ssh.runner import paramiko_connector
             from railyard_airflow.hooks.ssh import SshFleetHook
 
             creds = SshFleetHook(ssh.connection).credentials(config)
-            connect = paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s)
-        _SLURM[key] = fleet_from_config(config, connect)
+        _SLURM[key] = build_fleet(config, ssh=creds)
     return _SLURM[key]
-
-
-def fleet_for_url(url: str) -> Fleet:
-    """Legacy: the fleet of an ssh/slurm marker (`base_url` of those backends). Triggers no longer use
-    it: they carry the connection id and config path and build the fleet with `FleetHook`, so an HTTP
-    fleet's credentials never travel through trigger arguments. A plain URL gives an HttpFleet without
-    credentials."""
-    if url.startswith(SSH_URL):
-        return FleetHook(config_path=url[len(SSH_URL):]).get_conn()
-    if url.startswith(SLURM_URL):
-        return FleetHook(config_path=url[len(SLURM_URL):]).get_conn()
-    from railyard.fleet.http import HttpFleet
-
-    return HttpFleet(url)

@@ -8,7 +8,7 @@ config. Without the connection, `fleet.ssh.user`, `key_file` and `known_hosts` a
 
 Why not `SSHHook.get_conn()`: it loads `~/.ssh/known_hosts` besides the pinned keys and retries any
 failure, a refused host key included, with 3-5 s sleeps. The connection is the same; the client is
-`railyard.ssh.runner.paramiko_connector`, which trusts only the pinned file and retries connection
+`railyard.backends.ssh.runner.paramiko_connector`, which trusts only the pinned file and retries connection
 errors only.
 """
 
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from typing import Any, cast
 
 from airflow.sdk import BaseHook
 
-from railyard.config import RailyardConfig
-from railyard.ssh.fleet import SshFleet
-from railyard.ssh.runner import Credentials, paramiko_connector
+from railyard.backends.ssh.fleet import SshFleet
+from railyard.backends.ssh.runner import Credentials
+from railyard.domain.config import RailyardConfig
+from railyard.fleet.registry import build_fleet
 
-_FLEETS: dict[tuple, SshFleet] = {}
+_FLEETS: dict[tuple[str, Credentials], SshFleet] = {}
 _LOCK = threading.Lock()
 
 
@@ -33,7 +35,7 @@ class SshFleetHook(BaseHook):
     conn_type = "ssh"
     hook_name = "Railyard SSH hosts"
 
-    def __init__(self, ssh_conn_id: str = default_conn_name, **kwargs) -> None:
+    def __init__(self, ssh_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ssh_conn_id = ssh_conn_id
 
@@ -69,7 +71,7 @@ class SshFleetHook(BaseHook):
         with _LOCK:
             fleet = _FLEETS.get(key)
             if fleet is None:
-                fleet = SshFleet.from_config(config, paramiko_connector(creds, connect_timeout=ssh.connect_timeout_s))
+                fleet = cast(SshFleet, build_fleet(config, ssh=creds))
                 _FLEETS[key] = fleet
             return fleet
 

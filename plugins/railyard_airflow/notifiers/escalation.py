@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier
 
-from railyard.config import RailyardConfig, config_path
-from railyard.escalate import escalate
+from railyard.domain.config import RailyardConfig, config_path
+from railyard.operations.escalate import escalate
 from railyard_airflow.context import config, ledger
 
 

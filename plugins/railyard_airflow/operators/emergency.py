@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.emergency import EmergencyError, broken_rules, describe, parse_request, plan
+from railyard.operations.emergency import EmergencyError, broken_rules, describe, parse_request, plan
 from railyard_airflow.context import emergency_run_op, ledger
 from railyard_airflow.mixins import FleetOperator
 

@@ -1,4 +1,4 @@
-"""ReconcileOperator: finishes the stops of runs that are gone (railyard.reconcile), from inside Airflow.
+"""ReconcileOperator: finishes the stops of runs that are gone (railyard.operations.reconcile), from inside Airflow.
 
 It asks Airflow about each run through the Task SDK (the task's own API, no credentials)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.reconcile import reconcile, run_state_name
+from railyard.operations.reconcile import reconcile, run_state_name
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.releases import ReleaseError, Rollout
+from railyard.operations.releases import ReleaseError, Rollout
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator
 

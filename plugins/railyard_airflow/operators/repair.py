@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.repair import gate_repaired
+from railyard.operations.repair import gate_repaired
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator
 
@@ -14,7 +14,7 @@ from railyard_airflow.mixins import FleetOperator
 class RepairGateOperator(FleetOperator):
     ui_color = "#d7f0dc"
 
-    def execute(self, context: Any) -> dict:
+    def execute(self, context: Any) -> dict[str, Any]:
         cfg = self.cfg()
         out = gate_repaired(cfg, self.hook.get_conn(), ledger(cfg.ledger.url), say=self.log.info)
         self.log.info("repair gate: %s", out)

@@ -10,9 +10,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.config import config_path
-from railyard.escalate import escalate, overdue_domains
-from railyard.releases import describe_drift, describe_plan, drift, plan_train
+from railyard.domain.config import config_path
+from railyard.operations.escalate import escalate, overdue_domains
+from railyard.operations.releases import describe_drift, describe_plan, drift, plan_train
 from railyard_airflow.context import config, ledger
 from railyard_airflow.hooks.fleet import FleetHook
 from railyard_airflow.mixins import FleetOperator
@@ -60,7 +60,7 @@ class CycleReportOperator(BaseOperator):
 
 class EndRunOperator(FleetOperator):
     """The run's teardown: whatever happened, reservations made ahead for domains no operation holds
-    are deleted (`railyard.stop.end_run`), so a halted or failed train leaves none behind."""
+    are deleted (`railyard.operations.stop.end_run`), so a halted or failed train leaves none behind."""
 
     ui_color = "#eeeeee"
 
@@ -69,7 +69,7 @@ class EndRunOperator(FleetOperator):
         self.train_id = train_id
 
     def execute(self, context: Any) -> list[str]:
-        from railyard.stop import end_run
+        from railyard.operations.stop import end_run
 
         if (context.get("params") or {}).get("dry_run"):  # a dry run touched nothing, and ends nothing
             self.log.info("dry run: no gate enforced, no reservation deleted")

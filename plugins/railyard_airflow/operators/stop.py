@@ -1,6 +1,6 @@
 """Operators for the disruptive steps of a domain stop: drain, upgrade, health check, return.
 
-Each is a thin wrapper over `railyard.stop.Stop`; the work is idempotent, so Airflow's retries
+Each is a thin wrapper over `railyard.operations.stop.Stop`; the work is idempotent, so Airflow's retries
 re-attach to what is in flight instead of starting it again.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from railyard.stop import Stop, StopError
+from railyard.operations.stop import Stop, StopError
 from railyard_airflow.mixins import StopTaskMixin
 
 

@@ -13,8 +13,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from railyard.config import config_path
-from railyard.stop import Stop, StopError
+from railyard.domain.config import config_path
+from railyard.operations.stop import Stop, StopError
 from railyard_airflow.mixins import StopTaskMixin
 from railyard_airflow.triggers.stop import BufferCapacityTrigger, CheckpointTrigger
 

@@ -17,19 +17,15 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from railyard.fleet.port import Fleet
-from railyard.stop import Stop
+from railyard.operations.stop import Stop
 from railyard_airflow.hooks.fleet import FleetHook
 
 
 class _PollingTrigger(BaseTrigger):
     def __init__(self, *, train_id: str, domain: str, run_id: str, config_path: str, deadline: float,
                  fleet_conn_id: str = FleetHook.default_conn_name, ledger_url: str | None = None,
-                 poll_interval: float = 1.0, since: float | None = None, slot: str | None = None,
-                 fleet_url: str | None = None):
-        # `fleet_url` is accepted (and dropped) only so that a trigger serialised by an older version
-        # still loads after an upgrade: the fleet now comes from the connection id.
-        super().__init__()
-        del fleet_url
+                 poll_interval: float = 1.0, since: float | None = None, slot: str | None = None):
+        super().__init__()  # type: ignore[no-untyped-call]
         self.kw: dict[str, Any] = dict(
             train_id=train_id, domain=domain, slot=slot, run_id=run_id, fleet_conn_id=fleet_conn_id,
             ledger_url=ledger_url, config_path=config_path, deadline=deadline, poll_interval=poll_interval,
@@ -84,11 +80,12 @@ class _PollingTrigger(BaseTrigger):
                 self.log.warning("probe failed, will retry: %s", exc)
                 event = None
             if event is not None:
-                yield TriggerEvent(event)
+                yield TriggerEvent(event)  # type: ignore[no-untyped-call]
                 return
             if time.time() >= self.kw["deadline"]:
                 last = getattr(self, "last", None) or "no answer yet"
-                yield TriggerEvent({"status": "timeout", "message": f"deadline passed while waiting ({last})"})
+                yield TriggerEvent({"status": "timeout",  # type: ignore[no-untyped-call]
+                                    "message": f"deadline passed while waiting ({last})"})
                 return
             await asyncio.sleep(self.kw["poll_interval"])
 

@@ -27,7 +27,7 @@ log = logging.getLogger("railyard.ui")
 STATIC = Path(__file__).parent / "static"
 CONTROL_DAG = "railyard_emergency"  # acting on the fleet takes the right to trigger Railyard's DAGs
 MIN_REASON = 10
-MAX_REASON = 1000  # as the emergency form's free text (railyard.emergency.MAX_TEXT)
+MAX_REASON = 1000  # as the emergency form's free text (railyard.operations.emergency.MAX_TEXT)
 REFUSAL_EVERY_S = 60.0
 
 
@@ -80,7 +80,7 @@ class Sources:
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        from railyard.reconcile import dag_id_for
+        from railyard.operations.reconcile import dag_id_for
 
         ids = [dag_id_for(t.id) for t in self.config.trains]
         with create_session() as session:
@@ -106,7 +106,7 @@ class MetadataRuns:
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        from railyard.reconcile import run_state_name
+        from railyard.operations.reconcile import run_state_name
 
         with create_session() as session:
             state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
@@ -189,7 +189,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
         if allowed is not None and name not in allowed:
             raise refuse(403, "allowed_users", f"{name} is not in emergency.allowed_users: {reason.strip()[:200]}",
                          f"{name} may not act on Railyard: not in emergency.allowed_users")
-        from railyard.emergency import shown
+        from railyard.operations.emergency import shown
 
         text = reason.strip()
         if len(text) < MIN_REASON:
@@ -253,12 +253,13 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     def freeze(request: Request, body: FreezeBody, user: User) -> dict[str, Any]:
         s, name = control(request, user, f"freeze {'on' if body.on else 'off'}", body.reason)
         s.ledger.set_switch("freeze", body.on, reason=f"{body.reason.strip()} (from the Railyard page)", actor=name)
-        return views.operations(s.ledger)["freeze"]
+        out: dict[str, Any] = views.operations(s.ledger)["freeze"]
+        return out
 
     @app.post("/api/releases/{rid}/{action}")
     def release_action(request: Request, rid: str, action: Literal["promote", "halt", "resume"], body: Reason,
                        user: User) -> dict[str, Any]:
-        from railyard.releases import ReleaseError, Rollout
+        from railyard.operations.releases import ReleaseError, Rollout
 
         s, name = control(request, user, f"release {action} {rid}", body.reason)
         if rid not in {r.id for r in s.config.releases}:
@@ -272,7 +273,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
 
     @app.post("/api/lease/release")
     def lease_release(request: Request, body: LeaseBody, user: User) -> dict[str, Any]:
-        from railyard.ops import ControlError, release_lease
+        from railyard.operations.ops import ControlError, release_lease
 
         s, name = control(request, user, f"lease release {body.op}", body.reason)
         try:

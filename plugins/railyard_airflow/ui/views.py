@@ -8,13 +8,13 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
-from railyard.config import RailyardConfig
+from railyard.domain.config import RailyardConfig
+from railyard.domain.models import BROKEN_STATES, Host, HostState
+from railyard.domain.planning import budget_for
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
-from railyard.models import BROKEN_STATES, Host, HostState
-from railyard.planning import budget_for
-from railyard.reconcile import dag_id_for, owner_of
-from railyard.releases import Rollout, drift
+from railyard.operations.reconcile import dag_id_for, owner_of
+from railyard.operations.releases import Rollout, drift
 
 HISTORY_POINTS = 600  # capacity samples sent to the page (the newest)
 

@@ -1,0 +1,1 @@
+"""The local stack (Airflow standalone, the fleet simulator) and the demo train that runs on it."""

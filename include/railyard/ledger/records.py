@@ -1,0 +1,309 @@
+"""What a later task needs besides leases: operations and their details, dodges and revisits, switches,
+visits, capacity samples, release phases and results, verifications."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import (
+    func,
+    insert,
+    select,
+    update,
+)
+
+from railyard.ledger.base import LedgerBase
+from railyard.ledger.schema import (
+    _action_done,
+    _audit,
+    _lock,
+    audit,
+    capacity_samples,
+    leases,
+    operations,
+    release_results,
+    release_states,
+    switches,
+    verifications,
+    visits,
+)
+
+
+class Records(LedgerBase):
+    def open_operation(self, op_id: str, *, kind: str, detail: dict[str, Any], actor: str, action: str, reason: str) -> bool:
+        """Record an operation once (idempotent: a retried task does not record it twice)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is not None:
+                return False
+            now = self.clock()
+            c.execute(insert(operations).values(id=op_id, kind=kind, train=None, domain=None, state="active",
+                                                created_at=now, updated_at=now, detail=json.dumps(detail)))
+            _audit(c, self.clock(), actor, op_id, action, [], reason)
+            return True
+
+    def operations_like(self, prefix: str, state: str | None = None) -> list[dict[str, Any]]:
+        q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(operations.c.created_at)
+        if state is not None:
+            q = q.where(operations.c.state == state)
+        with self.engine.connect() as c:
+            return [dict(r._mapping) | {"detail": json.loads(r.detail or "{}")} for r in c.execute(q)]
+
+    def record_dodge(self, op_id: str, *, train: str, domain: str, until: float, jobs: list[str]) -> bool:
+        """Note that a domain's stop is postponed in this run; False if the op already exists."""
+        with self.engine.begin() as c:
+            _lock(c)
+            if c.execute(select(operations.c.id).where(operations.c.id == op_id)).first() is not None:
+                return False
+            now = self.clock()
+            c.execute(
+                insert(operations).values(
+                    id=op_id, kind="train_stop", train=train, domain=domain, state="dodged", created_at=now,
+                    updated_at=now, detail=json.dumps({"dodge_until": until, "jobs": jobs}),
+                )
+            )
+            _audit(c, self.clock(), "railyard", op_id, "dodge", [], f"{domain} postponed for {', '.join(jobs)} until {until:.0f}")
+            return True
+
+    def mark_for_revisit(self, op_id: str, reason: str, actor: str = "railyard") -> None:
+        """A stop that another operation took over comes back in a revisit slot, from scratch:
+        a fresh checkpoint request and fresh health verdicts, not the ones of its first attempt."""
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(operations).where(operations.c.id == op_id)).first()
+            if r is None:
+                return
+            detail = json.loads(r.detail or "{}")
+            if detail.get("revisit"):
+                return
+            detail.pop("checkpoint_requested_at", None)
+            detail.update(dodge_until=0, revisit=True)
+            c.execute(update(operations).where(operations.c.id == op_id).values(
+                state="dodged", detail=json.dumps(detail), updated_at=self.clock()))
+            c.execute(verifications.delete().where(verifications.c.op_id == op_id))
+            _audit(c, self.clock(), actor, op_id, "revisit", [], reason)
+
+    def claim_dodged(self, prefix: str, slot: str) -> dict[str, Any] | None:
+        """The dodged stop of this run that `slot` revisits (the same one on every retry)."""
+        with self.engine.begin() as c:
+            _lock(c)
+            q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(
+                operations.c.created_at
+            )
+            rows = [r for r in c.execute(q)]
+            for r in rows:
+                if json.loads(r.detail or "{}").get("slot") == slot:
+                    return dict(r._mapping) | {"detail": json.loads(r.detail or "{}")}
+            for r in rows:
+                d = json.loads(r.detail or "{}")
+                if r.state == "dodged" and "slot" not in d:
+                    d["slot"] = slot
+                    c.execute(update(operations).where(operations.c.id == r.id).values(detail=json.dumps(d)))
+                    return dict(r._mapping) | {"detail": d}
+        return None
+
+    # ---- switches and visits -------------------------------------------------------------------
+    def set_switch(self, name: str, on: bool, *, reason: str, actor: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(switches.delete().where(switches.c.name == name))
+            c.execute(insert(switches).values(name=name, value=int(on), reason=reason, actor=actor, at=self.clock()))
+            _audit(c, self.clock(), actor, None, f"{name}_{'on' if on else 'off'}", [], reason)
+
+    def switch(self, name: str) -> dict[str, Any] | None:
+        """The switch's state when on, else None."""
+        with self.engine.connect() as c:
+            r = c.execute(select(switches).where(switches.c.name == name)).first()
+        return dict(r._mapping) if r is not None and r.value else None
+
+    def record_visit(self, train: str, domain: str, at: float, op_id: str) -> None:
+        with self.engine.begin() as c:
+            c.execute(visits.delete().where(visits.c.train == train, visits.c.domain == domain))
+            c.execute(insert(visits).values(train=train, domain=domain, at=at, op_id=op_id))
+
+    def sample_capacity(self, at: float, serving: int, total: int, op_id: str | None = None) -> None:
+        with self.engine.begin() as c:
+            c.execute(insert(capacity_samples).values(at=at, serving=serving, total=total, op_id=op_id))
+
+    def capacity_history(self, limit: int = 600) -> list[dict[str, Any]]:
+        """The newest `limit` capacity samples, oldest first: {"t", "serving", "total", "op"}."""
+        q = select(capacity_samples).order_by(capacity_samples.c.at.desc(), capacity_samples.c.id.desc()).limit(limit)
+        with self.engine.connect() as c:
+            rows = [{"t": r.at, "serving": r.serving, "total": r.total, "op": r.op_id} for r in c.execute(q)]
+        return rows[::-1]
+
+    def last_visits(self, train: str) -> dict[str, float]:
+        with self.engine.connect() as c:
+            return {r.domain: r.at for r in c.execute(select(visits).where(visits.c.train == train))}
+
+    def run_failures(self, prefix: str) -> tuple[int, int, list[str]]:
+        """(hosts leased, hosts offboarded, reasons) over every operation of one run."""
+        like = audit.c.op_id.startswith(prefix, autoescape=True)
+        with self.engine.connect() as c:
+            leased: set[str] = set()
+            failed: dict[str, str] = {}
+            for r in c.execute(select(audit).where(like, audit.c.action.in_(("lease", "offboard")))):
+                hosts = json.loads(r.hosts)
+                if r.action == "lease":
+                    leased.update(hosts)
+                else:
+                    failed.update({h: r.reason for h in hosts})
+        return len(leased), len(failed), [f"{h}: {why}" for h, why in sorted(failed.items())]
+
+    # ---- releases ----------------------------------------------------------------------------
+    def release_state(self, release: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(release_states).where(release_states.c.release == release)).first()
+        return None if r is None else dict(r._mapping)
+
+    def set_release_state(self, release: str, *, phase: str, halted: bool, reason: str, actor: str,
+                          fleet_now: float, action: str, promoted: bool = False, key: str | None = None) -> bool:
+        """Phase and halt of a release, with an audit row (`action`: release_promote, _halt, _resume...).
+        `key` (an Airflow run id) makes it idempotent: an action already recorded under that key is not
+        applied again (a cleared and re-run task); returns whether it was applied."""
+        with self.engine.begin() as c:
+            _lock(c)
+            if key is not None:
+                if _action_done(c, release, key):
+                    return False
+                reason = f"{reason} [{key}]"
+            old = c.execute(select(release_states).where(release_states.c.release == release)).first()
+            since = fleet_now if promoted or old is None else old.promoted_at
+            c.execute(release_states.delete().where(release_states.c.release == release))
+            c.execute(insert(release_states).values(release=release, phase=phase, halted=int(halted), reason=reason,
+                                                    actor=actor, promoted_at=since, at=self.clock()))
+            _audit(c, self.clock(), actor, f"release/{release}", action, [], f"{phase}{' HALTED' if halted else ''}: {reason}")
+        return True
+
+    def release_action_done(self, release: str, key: str) -> bool:
+        """An action on `release` was recorded under `key` (see set_release_state)."""
+        with self.engine.connect() as c:
+            return _action_done(c, release, key)
+
+    def record_release_result(self, release: str, host: str, op_id: str, passed: bool, reason: str, at: float) -> None:
+        with self.engine.begin() as c:
+            c.execute(release_results.delete().where(release_results.c.release == release,
+                                                     release_results.c.host == host, release_results.c.op_id == op_id))
+            c.execute(insert(release_results).values(release=release, host=host, op_id=op_id, passed=int(passed),
+                                                     reason=reason, at=at))
+
+    def release_results(self, release: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            q = select(release_results).where(release_results.c.release == release).order_by(release_results.c.at)
+            return [dict(r._mapping) for r in c.execute(q)]
+
+    # ---- records -----------------------------------------------------------------------------
+    def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str], reason: str | None) -> None:
+        with self.engine.begin() as c:
+            c.execute(verifications.delete().where(verifications.c.op_id == op_id, verifications.c.host == host))
+            c.execute(
+                insert(verifications).values(
+                    op_id=op_id, host=host, passed=int(passed), versions=json.dumps(versions, sort_keys=True),
+                    reason=reason, at=self.clock(),
+                )
+            )
+            _audit(c, self.clock(), "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "")
+
+    def verification(self, op_id: str, host: str) -> tuple[bool, dict[str, str], str | None] | None:
+        with self.engine.connect() as c:
+            r = c.execute(
+                select(verifications).where(verifications.c.op_id == op_id, verifications.c.host == host)
+            ).first()
+        return None if r is None else (bool(r.passed), json.loads(r.versions), r.reason)
+
+    def detail(self, op_id: str) -> dict[str, Any]:
+        op = self.operation(op_id)
+        return {} if op is None else json.loads(op["detail"] or "{}")
+
+    def set_detail_once(self, op_id: str, key: str, value: object) -> object:
+        """Store `key` on the operation unless already there; returns the stored value.
+
+        Lets a retried task reuse what its first attempt decided (e.g. the checkpoint request time).
+        """
+        def once(detail: dict[str, Any]) -> bool:
+            if key in detail:
+                return False
+            detail[key] = value
+            return True
+
+        return self._change_detail(op_id, once)[key]
+
+    def add_detail_entries(self, op_id: str, key: str, entries: Mapping[str, object]) -> dict[str, object]:
+        """Add to the mapping `key` of the operation the entries it does not have yet (an entry once stored is
+        never changed); returns the mapping as stored."""
+        def add(detail: dict[str, Any]) -> bool:
+            have = detail.setdefault(key, {})
+            new = {k: v for k, v in entries.items() if k not in have}
+            have.update(new)
+            return bool(new)
+
+        return dict(self._change_detail(op_id, add)[key])
+
+    def _change_detail(self, op_id: str, change: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The operation's detail, changed in place by `change` under the ledger lock and written back if it
+        says it changed something; returns the detail as stored."""
+        with self.engine.begin() as c:
+            _lock(c)
+            r = c.execute(select(operations.c.detail).where(operations.c.id == op_id)).first()
+            if r is None:
+                raise KeyError(f"unknown operation {op_id!r}")
+            detail: dict[str, Any] = json.loads(r.detail or "{}")
+            if change(detail):
+                c.execute(
+                    update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=self.clock())
+                )
+            return detail
+
+    def holdings(self, op_id: str | None = None) -> dict[str, str]:
+        """host -> op id, for one operation or all."""
+        q = select(leases.c.host, leases.c.op_id)
+        if op_id is not None:
+            q = q.where(leases.c.op_id == op_id)
+        with self.engine.connect() as c:
+            return {r.host: r.op_id for r in c.execute(q)}
+
+    def domains_out(self) -> dict[str, str]:
+        """domain -> op id holding it."""
+        with self.engine.connect() as c:
+            return {r.domain: r.op_id for r in c.execute(select(leases.c.domain, leases.c.op_id).distinct())}
+
+    def operation(self, op_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(operations).where(operations.c.id == op_id)).first()
+        return None if r is None else dict(r._mapping)
+
+    # ---- what an operator reads and does (railyard ops / host / lease release / reconcile) --------------
+    def active_operations(self) -> list[dict[str, Any]]:
+        """Active operations, oldest first, each with `hosts` (held now) and `last` (its last audit row)."""
+        with self.engine.connect() as c:
+            ops = [dict(r._mapping) for r in c.execute(
+                select(operations).where(operations.c.state == "active").order_by(operations.c.created_at))]
+            ids = [o["id"] for o in ops]
+            held: dict[str, list[str]] = {}
+            last: dict[str, dict[str, Any]] = {}
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                for r in c.execute(select(leases.c.op_id, leases.c.host).where(leases.c.op_id.in_(chunk))):
+                    held.setdefault(r.op_id, []).append(r.host)
+                newest = (select(func.max(audit.c.id)).where(audit.c.op_id.in_(chunk)).group_by(audit.c.op_id)
+                          .scalar_subquery())
+                for r in c.execute(select(audit).where(audit.c.id.in_(newest))):
+                    last[r.op_id] = dict(r._mapping) | {"hosts": json.loads(r.hosts)}
+        for o in ops:
+            o["detail"] = json.loads(o["detail"] or "{}")
+            o["hosts"] = sorted(held.get(o["id"], []))
+            o["last"] = last.get(o["id"])
+        return ops
+
+    def finish_operation(self, op_id: str, *, reason: str, actor: str = "railyard") -> bool:
+        """Mark an active operation that holds nothing done, with an audit row; False if it holds hosts."""
+        with self.engine.begin() as c:
+            _lock(c, ops=[op_id])
+            if c.execute(select(leases.c.host).where(leases.c.op_id == op_id).limit(1)).first() is not None:
+                return False
+            r = c.execute(update(operations).where(operations.c.id == op_id, operations.c.state == "active")
+                          .values(state="done", updated_at=self.clock()))
+            if r.rowcount:
+                _audit(c, self.clock(), actor, op_id, "finish", [], reason)
+            return True

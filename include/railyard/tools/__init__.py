@@ -1,0 +1,1 @@
+"""Tools for planning a fleet's maintenance: buffer sizing and fleet studies on the simulator."""

@@ -117,7 +117,8 @@ def ansible_once(farm: SshdFarm, inv: Path, command: str, forks: int, playbook: 
     else:
         ok = sum(1 for ln in r.stdout.splitlines() if " | CHANGED | rc=0" in ln)
     if ok != len(farm.hosts):
-        sys.stderr.write(f"ansible: {ok}/{len(farm.hosts)} ok (exit {r.returncode})\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}\n")
+        sys.stderr.write(f"ansible: {ok}/{len(farm.hosts)} ok (exit {r.returncode})\n"
+                         f"{r.stdout[-1500:]}\n{r.stderr[-1500:]}\n")
     return dt, ok
 
 

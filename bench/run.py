@@ -29,7 +29,8 @@ def rows_parse(f: dict[str, Any]) -> list[Row]:
 
 
 def rows_plan(f: dict[str, Any]) -> list[Row]:
-    base = f"one GET of the fleet {f['baseline_get_s']:.2f} s; fetch-once command {f['baseline_fetch_once_cmd_s']:.2f} s"
+    base = (f"one GET of the fleet {f['baseline_get_s']:.2f} s; "
+            f"fetch-once command {f['baseline_fetch_once_cmd_s']:.2f} s")
     return [(f"railyard plan, {f['hosts']:,} hosts", f"{f['plan_s']:.2f} s", base, "< 2 s", f["plan_s"] < 2.0),
             (f"railyard drift, {f['hosts']:,} hosts", f"{f['drift_s']:.2f} s", base, "< 1 s", f["drift_s"] < 1.0)]
 

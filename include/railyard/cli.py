@@ -242,7 +242,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         print(f"reconcile: {exc}", file=sys.stderr)
         return 4
     for r in out:
-        extra = (f": returned {r['returned']}, to repair {', '.join(r['to_repair']) or 'none'}" if r["action"] == "closed"
+        extra = (f": returned {r['returned']}, to repair {', '.join(r['to_repair']) or 'none'}"
+                 if r["action"] == "closed"
                  else f": {r['error']}" if r["action"] == "failed" else "")
         print(f"{r['op']}: {r['action']} ({r['why']}){extra}")
     if not out:

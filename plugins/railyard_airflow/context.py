@@ -27,8 +27,8 @@ def _ledger(url: str) -> Ledger:
     return Ledger(url)
 
 
-def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, say: Callable[[str], None], ledger_url: str | None = None,
-              path: str | None = None, slot: str | None = None) -> Stop | None:
+def make_stop(*, train_id: str, domain: str | None, run_id: str, fleet: Fleet, say: Callable[[str], None],
+              ledger_url: str | None = None, path: str | None = None, slot: str | None = None) -> Stop | None:
     """The Stop of one task. A revisit `slot` has no domain of its own: it takes the run's next
     dodged domain (the same one on every retry), or returns None when there is none."""
     cfg = config(path or str(config_path()))
@@ -59,6 +59,7 @@ def emergency_run_op(run_id: str) -> str:
     return run_op(run_id)
 
 
-def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet, say: Callable[[str], None]) -> Stop | None:
+def emergency_stop(cfg: RailyardConfig, led: Ledger, *, run_id: str, slot: str, fleet: Fleet,
+                   say: Callable[[str], None]) -> Stop | None:
     """Slot `stop_N` of an emergency run: the N-th stop of its validated plan, or None."""
     return stop_of_run(cfg, led, run_id=run_id, slot=slot, fleet=fleet, say=say)

@@ -215,7 +215,8 @@ def build_release_dag(path: str | None = None) -> DAG:
 
 
 def build_repair_dag(path: str | None = None) -> DAG:
-    """On `schedules.repairs` (every 15 minutes): hosts whose repair is done are upgraded, checked and returned, or kept."""
+    """On `schedules.repairs` (every 15 minutes): hosts whose repair is done are upgraded, checked and
+    returned, or kept."""
     p = str(config_path(path))
     config = load_config(p)
     t = config.timeouts
@@ -228,8 +229,8 @@ def build_repair_dag(path: str | None = None) -> DAG:
 
 
 def build_reconcile_dag(path: str | None = None) -> DAG:
-    """On `schedules.reconcile` (every 10 minutes): operations whose run is finished or deleted are finished safely (their hosts
-    checked and returned, or sent to repair) and their leases released."""
+    """On `schedules.reconcile` (every 10 minutes): operations whose run is finished or deleted are
+    finished safely (their hosts checked and returned, or sent to repair) and their leases released."""
     p = str(config_path(path))
     config = load_config(p)
     t = config.timeouts

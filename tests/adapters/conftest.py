@@ -62,9 +62,11 @@ class SimServer:
     def start(self, timeout: float = 20.0) -> str:
         assert self.proc is None, "already running"
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        cmd = [sys.executable, "-m", "railyard.sim", "--config", str(self.config_path), "--db", str(self.db_path), "--port", "0"]
+        cmd = [sys.executable, "-m", "railyard.sim", "--config", str(self.config_path), "--db", str(self.db_path),
+               "--port", "0"]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode(errors="replace")

@@ -141,7 +141,8 @@ def step(rnd: random.Random, py: Ledger) -> tuple[str, dict[str, Any]]:
             takeover = sorted({held[h] for h in hosts if h in held and held[h] in TRAINS}) or [rnd.choice(TRAINS)]
         return "acquire_domain", dict(op_id=op, train=f"t-{op[-1]}", domain=dom, hosts=hosts, budget=budget,
                                pool_hosts=pool, unavailable=unavailable, kind="emergency" if em else "train_stop",
-                               take_over_from=takeover, probe=rnd.random() < 0.15, actor=rnd.choice(["railyard", "ann"]))
+                               take_over_from=takeover, probe=rnd.random() < 0.15,
+                               actor=rnd.choice(["railyard", "ann"]))
     ops = sorted(set(held.values()) | set(TRAINS) | set(EMERGENCIES))
     if r < 0.85:
         only = None if rnd.random() < 0.7 else rnd.sample(HOSTS, rnd.randint(1, 6))

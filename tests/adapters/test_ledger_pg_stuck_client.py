@@ -60,7 +60,8 @@ def test_a_client_stuck_mid_transaction_frees_the_ledger_lock(pg: PostgresServer
     url = pg.create_database(f"stuck_{how}")
     led = Ledger(url)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), os.environ.get("PYTHONPATH", "")])}
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, url, str(IDLE_S)], stdout=subprocess.PIPE, text=True, env=env)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, url, str(IDLE_S)], stdout=subprocess.PIPE, text=True,
+                              env=env)
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "locked"
         if how == "frozen":

@@ -58,7 +58,8 @@ def test_bad_input_is_refused_before_slurm_is_called(world):
     with pytest.raises(FleetError):
         fleet.request_checkpoint(["12 && scancel -u root"])
     assert expand_hostlist("n[1-3,05],m7") == ["n1", "n2", "n3", "n05", "m7"]
-    assert op_token("demo/manual__2026-01-01T00:00:00+00:00/rack-a").startswith("demo_manual__2026-01-01T00_00_00_00_00")
+    assert op_token("demo/manual__2026-01-01T00:00:00+00:00/rack-a").startswith(
+        "demo_manual__2026-01-01T00_00_00_00_00")
 
 
 def test_a_train_with_running_jobs(world, cluster: SlurmCluster):
@@ -107,7 +108,8 @@ def test_a_train_with_running_jobs(world, cluster: SlurmCluster):
                 requeued += 1
                 assert any(x[0] == "ckpt" for x in run), (j, log)
         state = sampler.jobs[j]["state"]
-        assert state in ("COMPLETED", "PENDING", "RUNNING") and (state != "PENDING" or sampler.jobs[j]["restart_cnt"] >= 1), (j, state, log)
+        assert (state in ("COMPLETED", "PENDING", "RUNNING")
+                and (state != "PENDING" or sampler.jobs[j]["restart_cnt"] >= 1)), (j, state, log)
     assert requeued >= 3  # the jobs were really on the drained nodes and were moved off
 
     # the job submitted after the first stop never started on a reserved node inside its window
@@ -116,7 +118,8 @@ def test_a_train_with_running_jobs(world, cluster: SlurmCluster):
     # when; Slurm's start_time is whole seconds, so a start in the second of the deletion is not one)
     deleted = {n["name"]: n["at"] for n in fleet.notes("unreserve")}
     reserved = [(r["seen"], deleted.get(r["ReservationName"], r["last"]), parse_slurm_time(r["StartTime"]),
-                 parse_slurm_time(r["EndTime"]), set(expand_hostlist(r["Nodes"]))) for r in sampler.reservations.values()]
+                 parse_slurm_time(r["EndTime"]), set(expand_hostlist(r["Nodes"])))
+                for r in sampler.reservations.values()]
     assert len({r["ReservationName"] for r in sampler.reservations.values()}) == 4
     assert sampler.job_nodes(late[0]), "the late job never ran"
     for start, nodes_, limit in sampler.job_nodes(late[0]):
@@ -151,7 +154,8 @@ def test_health_gate_keeps_a_node_out_that_slurm_resumed_by_itself(world, cluste
     from railyard.operations.stop import Stop
 
     train = cfg.train("slurm")
-    s = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/gate/rack-c", fleet=fleet, ledger=ledger)
+    s = Stop(config=cfg, train=train, domain=cfg.domain("rack-c"), op_id="slurm/gate/rack-c", fleet=fleet,
+             ledger=ledger)
     assert s.take().granted
     s.drain()
     # what Slurm does after `scontrol reboot` when the drain reason is unchanged: it resumes the node
@@ -173,7 +177,8 @@ def test_health_gate_keeps_a_node_out_that_slurm_resumed_by_itself(world, cluste
     assert s.return_hosts()["returned"] == 2
     # a controller restarted from state saved before the return brings back the drain and the
     # reservation: the next read gives both back again (seen when slurmctld is SIGKILLed)
-    cluster.cli("scontrol", "update", "nodename=n5,n6", "state=drain", f"reason={fleet.reason_for('slurm/gate/rack-c')}")
+    cluster.cli("scontrol", "update", "nodename=n5,n6", "state=drain",
+                f"reason={fleet.reason_for('slurm/gate/rack-c')}")
     cluster.cli("scontrol", "create", "reservation", "reservationname=railyard_rack-c", "starttime=now",
                 "duration=1", "nodes=n5,n6", "flags=maint,ignore_jobs", "users=root")
     fleet.enforce_gate()  # the next write step of any stop gives both back again

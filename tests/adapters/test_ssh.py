@@ -144,7 +144,8 @@ def test_upgrade_runs_detached_under_flock_and_reattaches(fresh):
               timeout=30, every=0.1)
         assert r.upgrade_state("gpu-a01", op).status == "done"
         assert r.versions("gpu-a01")["gpu-driver"] == "570.86.15"
-    assert [ln.split()[:2] for ln in fresh["gpu-a01"].installs()] == [["gpu-driver", "570.86.15"], ["kernel", "6.1.0-28"]]
+    assert ([ln.split()[:2] for ln in fresh["gpu-a01"].installs()]
+            == [["gpu-driver", "570.86.15"], ["kernel", "6.1.0-28"]])
     assert (d / "gpu-driver.status").read_text().strip() == "0" and (d / "kernel.status").read_text().strip() == "0"
     assert "Setting up gpu-driver (570.86.15) ... done" in (d / "gpu-driver.log").read_text()
     launches = (d / "launch.log").read_text()
@@ -156,7 +157,8 @@ def test_worker_killed_mid_install_then_retry_installs_once(fresh, tmp_path):
     """SIGKILL the worker while the install runs on the host; a fresh process re-attaches."""
     data = ssh_config(fresh.ssh_hosts_config(), install_timeout_s=60, state_db=str(tmp_path / "fleet.db"))
     data["domains"] = [{"name": "pod-a", "hosts": ["gpu-a01", "gpu-a02"], "sku": "h100"}]
-    data["fleet"]["ssh"]["hosts"] = {k: v for k, v in data["fleet"]["ssh"]["hosts"].items() if k in ("gpu-a01", "gpu-a02")}
+    data["fleet"]["ssh"]["hosts"] = {k: v for k, v in data["fleet"]["ssh"]["hosts"].items()
+                                     if k in ("gpu-a01", "gpu-a02")}
     data["buffers"] = {"maintenance": {"hosts": 2}, "failure": {"hosts": 1}}
     cfg_path = write_config(tmp_path / "railyard.yaml", data)
     ledger_url = f"sqlite:///{tmp_path}/ledger.db"
@@ -202,7 +204,8 @@ def test_worker_killed_mid_install_then_retry_installs_once(fresh, tmp_path):
     evidence = stop.fleet.check_evidence("gpu-a01", stop.op_id)
     assert {v["check"] for v in evidence} == {"gpu_inventory", "dcgm", "nccl", "xid", "versions"}
     assert all(v["passed"] for v in evidence)
-    assert json.loads(json.dumps(evidence))[2]["evidence"]["busbw_gbps"] == 476.53  # nccl/01, the healthy host's recorded run
+    # nccl/01, the healthy host's recorded run
+    assert json.loads(json.dumps(evidence))[2]["evidence"]["busbw_gbps"] == 476.53
 
 
 def test_paramiko_never_auto_adds(fresh):

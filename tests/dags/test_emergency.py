@@ -26,7 +26,8 @@ def test_a_bad_form_is_refused_before_anything_is_touched(train_env):
     assert all(v in ("upstream_failed", None) for k, v in st.items() if k != "plan"), st
     assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
     (row,) = [r for r in Ledger(f"sqlite:///{tmp}/ledger.db").audit_rows() if r["action"] == "emergency_invalid"]
-    for needle in ("releases[1]: 'driver-570' and 'driver-575-hotfix' both target 'gpu-driver'", "hosts[1]: unknown host 'gpu-zz9'",
+    for needle in ("releases[1]: 'driver-570' and 'driver-575-hotfix' both target 'gpu-driver'",
+                   "hosts[1]: unknown host 'gpu-zz9'",
                    "reason: say why in at least 10 characters (value: 'short')",
                    "skip_checkpoint_reason: required when skip_checkpoint is true",
                    "domains_at_once: more than 1 needs large_scale: true (value: 2)"):

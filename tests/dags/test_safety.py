@@ -58,7 +58,8 @@ def test_failure_buffer_running_out_mid_train_stops_it(train_env, webhook, monke
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
     assert led.holdings() == {}
     (esc,) = [r for r in led.audit_rows() if r["action"] == "escalation"]
-    assert "train demo stopped at pod-b.wait_capacity: train stopped: failure buffer exhausted: 2 hosts" in esc["reason"]
+    assert ("train demo stopped at pod-b.wait_capacity: train stopped: failure buffer exhausted: 2 hosts"
+            in esc["reason"])
     assert [e["kind"] for e in events] == ["train_stopped"]
     assert "failure buffer exhausted" in events[0]["summary"] and events[0]["train"] == "demo"
 

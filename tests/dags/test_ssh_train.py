@@ -83,7 +83,8 @@ def test_train_over_ssh_hosts(ssh_train):
     assert [ln.split()[0] for ln in farm["gpu-c04"].installs()] == ["gpu-driver"]  # stopped at the first failure
     assert fleet.max_domains_out() == 1
     # every stop released its domain; only the offboarded hosts stay held, by their repair operations
-    assert all(led.operation(op_id_for("demo", dr.run_id, d))["state"] == "done" for d in ("pod-a", "pod-b", "pod-c", "pod-d"))
+    assert all(led.operation(op_id_for("demo", dr.run_id, d))["state"] == "done"
+               for d in ("pod-a", "pod-b", "pod-c", "pod-d"))
     held = led.holdings()
     assert set(held) == set(FAULTS) and all(op.startswith("repair/") for op in held.values()), held
     fleet.close()

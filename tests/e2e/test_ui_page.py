@@ -131,7 +131,8 @@ def test_a_request_not_logged_in_is_refused(stack) -> None:
     # the plugin's page is in Airflow's navigation
     plugins = stack.rest("GET", "/plugins")["plugins"]
     views = [v for p in plugins for v in p["external_views"]]
-    assert {"name": "Railyard", "href": "/railyard/"}.items() <= next(v for v in views if v["name"] == "Railyard").items()
+    assert ({"name": "Railyard", "href": "/railyard/"}.items()
+            <= next(v for v in views if v["name"] == "Railyard").items())
 
 
 def test_the_trains_carry_airflow_s_own_schedule(stack) -> None:

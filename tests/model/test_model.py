@@ -45,7 +45,8 @@ from tests.unit.test_stop import Clock
 
 DOMAINS = ["pod-a", "pod-b", "pod-c"]
 CONFIG = {
-    "components": [{"name": "gpu-driver", "reboot": True, "duration_s": 300}, {"name": "fabric-manager", "duration_s": 60}],
+    "components": [{"name": "gpu-driver", "reboot": True, "duration_s": 300},
+                   {"name": "fabric-manager", "duration_s": 60}],
     "releases": [{"id": "drv", "component": "gpu-driver", "version": "570.86.15"},
                  {"id": "fm", "component": "fabric-manager", "version": "570.86.15",
                   "rollout": {"canary_domains": ["pod-a"], "staged_fraction": 0.5, "soak_s": 600,
@@ -56,7 +57,8 @@ CONFIG = {
     "buffers": {"maintenance": {"hosts": 3}, "failure": {"hosts": 2}},
     "timeouts": {"poll_s": 0.5, "drain_s": 30, "upgrade_s": 60, "check_s": 30, "return_s": 30,
                  "checkpoint_wait_s": 30},
-    "simulator": {"speed": 60, "seed": 5, "start_at": "2026-06-01T00:00:00Z", "initial_versions": {"gpu-driver": "550.1", "fabric-manager": "550.1"},
+    "simulator": {"speed": 60, "seed": 5, "start_at": "2026-06-01T00:00:00Z",
+                  "initial_versions": {"gpu-driver": "550.1", "fabric-manager": "550.1"},
                   "jobs": {"count": 2, "hosts_per_job": 2, "checkpoint_interval_s": 1800, "checkpoint_duration_s": 30},
                   "upgrade_fail_rate": 0.3, "check_fail_rate": 0.2},
 }
@@ -247,7 +249,8 @@ class Railyard(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.stops))
     @rule(i=st.integers(0, 50), how=st.sampled_from(["next"] * 6 + ["again", "marked_success", "teardown"]),
           fault=st.one_of(st.none(), st.sampled_from(GAPS),
-                          st.tuples(st.sampled_from(["kill", "lost"]), st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES))),
+                          st.tuples(st.sampled_from(["kill", "lost"]),
+                                    st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES))),
                           st.tuples(st.just("down"), st.sampled_from(sorted(FLEET_WRITES)))),
           at=st.integers(0, 2))
     @traced
@@ -293,7 +296,8 @@ class Railyard(RuleBasedStateMachine):
     @rule(train=st.sampled_from(["a", "b"]), domain=st.sampled_from(DOMAINS),
           fault=st.one_of(st.sampled_from(GAPS), st.tuples(st.sampled_from(["kill", "lost"]),
                                                            st.sampled_from(sorted(FLEET_WRITES | LEDGER_WRITES)))),
-          at=st.integers(0, 3), retry=st.booleans(), ending=st.sampled_from(["teardown", "abandoned", "teardown_killed"]))
+          at=st.integers(0, 3), retry=st.booleans(),
+          ending=st.sampled_from(["teardown", "abandoned", "teardown_killed"]))
     @traced
     def whole_run(self, train: str, domain: str, fault: tuple[str, str], at: int, retry: bool, ending: str) -> None:
         """A run of one stop as Airflow runs it: its tasks in order, a fault armed over the whole run (a

@@ -96,7 +96,8 @@ PER_RUN = frozenset({
 # Keys only this one-machine stack needs, each for a reason that a real deployment does not have.
 TEST_ONLY = {
     "AIRFLOW__CORE__HOSTNAME_CALLABLE": "two workers on one host: each names itself (containers have own hostnames)",
-    "AIRFLOW__CORE__AUTH_MANAGER": "SimpleAuthManager (as `airflow standalone`); the compose file runs FAB with a user DB",
+    "AIRFLOW__CORE__AUTH_MANAGER": ("SimpleAuthManager (as `airflow standalone`); "
+                                    "the compose file runs FAB with a user DB"),
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "SimpleAuthManager's users (the compose file's FAB creates its admin)",
 }
 _URLS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND", "AIRFLOW__CELERY__BROKER_URL",

@@ -101,6 +101,9 @@ class SlurmCluster:
         (self.root / "etc" / "plugstack.conf").write_text("")
         n = len(self.nodes)
         host = socket.gethostname()
+        node = (f"NodeName=n[1-{n}] NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port=[{self.node_port0}-{self.node_port0 + n - 1}] CPUs={self.cpus} Sockets=1 "
+                f"CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN")
         self.conf.write_text(f"""# written by tests/support/slurm_cluster.py
 ClusterName=railyard
 SlurmctldHost={host}(127.0.0.1)
@@ -141,7 +144,7 @@ KillWait=2
 MinJobAge=600
 Waittime=0
 MailProg=/bin/true
-NodeName=n[1-{n}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{self.node_port0}-{self.node_port0 + n - 1}] CPUs={self.cpus} Sockets=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
+{node}
 PartitionName=gpu Nodes=ALL Default=YES DefaultTime=30 MaxTime=INFINITE State=UP
 """)
         os.chmod(self.conf, 0o644)

@@ -20,8 +20,8 @@ from pathlib import Path
 STANDINS = Path(__file__).resolve().parent / "standins"
 SSHD = "/usr/sbin/sshd"
 INITIAL_VERSIONS = {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
-PROFILES = ("healthy", "ecc", "ecc_off", "missing_gpu", "slow_nvlink", "xid79", "dcgm_fail", "install_fail", "install_hang",
-            "no_reboot")
+PROFILES = ("healthy", "ecc", "ecc_off", "missing_gpu", "slow_nvlink", "xid79", "dcgm_fail", "install_fail",
+            "install_hang", "no_reboot")
 
 
 def free_ports(n: int) -> list[int]:

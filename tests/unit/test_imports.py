@@ -66,7 +66,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     g = import_graph()
-    assert "railyard.domain.planning" in g["railyard.operations.stop"] and "railyard.operations.releases" in g["railyard.operations.stop"]
+    assert ("railyard.domain.planning" in g["railyard.operations.stop"]
+            and "railyard.operations.releases" in g["railyard.operations.stop"])
     assert "railyard.domain.config.ssh" in g["railyard.domain.config"]
 
 
@@ -112,7 +113,8 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
 
 
 def test_a_crossing_is_found() -> None:
-    g = {"railyard.domain.config": {"railyard.ledger.core"}, "railyard.operations.stop": {"railyard.backends.ssh.fleet"},
+    g = {"railyard.domain.config": {"railyard.ledger.core"},
+         "railyard.operations.stop": {"railyard.backends.ssh.fleet"},
          "railyard.backends.ssh.fleet": {"railyard.operations.stop", "railyard.fleet.port"},
          "railyard.fleet.registry": {"railyard.backends.ssh.fleet"}}
     assert crossings(g) == [("railyard.backends.ssh.fleet", "railyard.operations.stop"),

@@ -84,7 +84,8 @@ def test_one_operation_per_host(ledger):
 def test_broken_hosts_count_against_the_budget(ledger):
     led = ledger()
     d = take(led, "op1", "d0", unavailable=["h10", "h11", "h12"])
-    assert d.outcome == "stop" and "failure buffer exhausted: 3 hosts broken, in repair or out with no lease > budget 2" in d.reason
+    assert d.outcome == "stop" and (
+        "failure buffer exhausted: 3 hosts broken, in repair or out with no lease > budget 2" in d.reason)
     # two broken hosts elsewhere fit the failure buffer; the domain's own broken host is not leased
     d = take(led, "op1", "d0", unavailable=["h10", "h03"])
     assert d.granted and "h03" not in led.holdings("op1") and len(led.holdings("op1")) == 7
@@ -185,7 +186,8 @@ def test_an_emergency_takes_over_a_trains_hosts_in_one_step(ledger):
     assert led.holdings("emerg") == {h: "emerg" for h in ["h00", "h01", "h02"]}
     assert len(led.holdings("train")) == 5 and led.operation("train")["state"] == "active"
     rows = [(r["op_id"], r["action"], r["hosts"]) for r in led.audit_rows()][1:]
-    assert rows == [x for h in ["h00", "h01", "h02"] for x in (("emerg", "handover", [h]), ("train", "handed_over", [h]))]
+    assert rows == [x for h in ["h00", "h01", "h02"]
+                    for x in (("emerg", "handover", [h]), ("train", "handed_over", [h]))]
     # the whole domain: the train's hosts are handed over, nothing is leased twice or waited for
     d = take(led, "emerg2", "d0", two, kind="emergency", take_over_from=["train", "emerg"])
     assert d.granted and set(led.holdings("emerg2")) == set(DOMAINS["d0"])
@@ -237,7 +239,8 @@ def test_repairs_count_against_the_failure_buffer_not_the_domains(ledger):
     led.release("op")
     assert led.lease_repair("r3", "h20", domain="d2", reason="psu")
     d = take(led, "op2", "d0")
-    assert d.outcome == "stop" and "failure buffer exhausted: 3 hosts broken, in repair or out with no lease > budget 2" in d.reason
+    assert d.outcome == "stop" and (
+        "failure buffer exhausted: 3 hosts broken, in repair or out with no lease > budget 2" in d.reason)
     assert led.operation("r1")["kind"] == "repair" and led.detail("r1") == {"reason": "xid 79"}
 
 
@@ -253,9 +256,11 @@ def test_the_pool_decides_what_counts(ledger):
     assert d.granted, d.reason
     led.release("op")
     d = take(led, "op", "d0", b, unavailable=["h10", "h11"], pool_hosts=h100)
-    assert d.outcome == "stop" and d.reason == "failure buffer exhausted: 2 hosts broken, in repair or out with no lease > budget 1"
+    assert d.outcome == "stop" and (
+        d.reason == "failure buffer exhausted: 2 hosts broken, in repair or out with no lease > budget 1")
     d = take(led, "op", "d0", b, unavailable=["h10", "h11"], pool_hosts=set(h100 + DOMAINS["d2"]))
-    assert d.outcome == "stop" and d.reason == "failure buffer exhausted: 6 hosts broken, in repair or out with no lease > budget 1"
+    assert d.outcome == "stop" and (
+        d.reason == "failure buffer exhausted: 6 hosts broken, in repair or out with no lease > budget 1")
 
 
 def test_releases_state_and_results(ledger):
@@ -340,10 +345,12 @@ def reference(rows: dict[str, tuple[str, str, str]], *, op_id: str, domain: str,
     broken = {h for h in (unavailable - set(maint)) | repairing if in_pool(h)}
     held = [h for h in maint if in_pool(h)]
     if len(broken) > budget.failure_hosts:
-        return "stop", f"failure buffer exhausted: {len(broken)} hosts broken, in repair or out with no lease > budget {budget.failure_hosts}"
+        return "stop", (f"failure buffer exhausted: {len(broken)} hosts broken, in repair or out with no lease "
+                        f"> budget {budget.failure_hosts}")
     taking = [h for h in want if h not in broken and h not in rows]
     if len(held) + len(taking) > budget.maintenance_hosts:
-        return "wait", f"maintenance buffer: {len(held)} hosts out + {len(taking)} of {domain} > budget {budget.maintenance_hosts}"
+        return "wait", (f"maintenance buffer: {len(held)} hosts out + {len(taking)} of {domain} > budget "
+                        f"{budget.maintenance_hosts}")
     floor = budget.total_hosts - budget.maintenance_hosts - budget.failure_hosts
     serving = budget.total_hosts - len(held) - len(broken) - len(taking)
     if serving < floor:

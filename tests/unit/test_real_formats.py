@@ -143,5 +143,6 @@ def test_a_gpu_listed_twice_is_one_gpu():
     v = parse_nvidia_smi("\n".join(rows), 0, expected_gpus=8, expected_driver=None, expect_ecc=False)
     assert not v.passed  # 5 columns of 6: an unexpected line; with the ECC mode column a tool prints:
     v = parse_nvidia_smi("\n".join(r + ", Enabled" for r in rows), 0, expected_gpus=8, expected_driver="535.161.07")
-    assert not v.passed and "PCI bus id 00000000:0A:00.0, 00000000:11:00.0 listed more than once" in v.summary, v.summary
+    assert (not v.passed
+            and "PCI bus id 00000000:0A:00.0, 00000000:11:00.0 listed more than once" in v.summary), v.summary
     assert "(4 distinct GPUs in 8 rows)" in v.summary

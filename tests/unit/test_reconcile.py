@@ -127,12 +127,13 @@ def test_lease_release_refuses_while_hosts_are_out_and_sends_them_to_repair_when
     with pytest.raises(ControlError, match="reason"):
         release_lease(cfg, fleet, ledger, s.op_id, reason="", actor="alice", runs=Runs({}))
     with pytest.raises(ControlError, match=r"4 host\(s\) out of service: ha1 \(drained\).*--to-repair"):
-        release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice", runs=Runs({}))
+        release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice",
+                      runs=Runs({}))
     assert sorted(ledger.holdings(s.op_id)) == ["ha1", "ha2", "ha3", "ha4"]  # nothing touched
     refused = [a for a in ledger.audit_rows(s.op_id) if a["action"] == "lease_release_refused"]
     assert refused and refused[0]["actor"] == "alice"
-    out = release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice", runs=Runs({}),
-                        to_repair=True)
+    out = release_lease(cfg, fleet, ledger, s.op_id, reason="the run is gone, pod-a is ours", actor="alice",
+                        runs=Runs({}), to_repair=True)
     assert out["to_repair"] == ["ha1", "ha2", "ha3", "ha4"]
     assert not ledger.holdings(s.op_id) and ledger.operation(s.op_id)["state"] == "done"
     for h in fleet.hosts(list(cfg.domain("pod-a").hosts)):
@@ -149,7 +150,8 @@ def test_lease_release_of_serving_hosts_releases_and_is_audited_with_the_user(tm
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()
     assert s.take().granted  # taken, never drained: every host still serving
-    out = release_lease(cfg, fleet, ledger, s.op_id, reason="train retired before it started", actor="bob", runs=Runs({}))
+    out = release_lease(cfg, fleet, ledger, s.op_id, reason="train retired before it started", actor="bob",
+                        runs=Runs({}))
     assert out["released"] == ["ha1", "ha2", "ha3", "ha4"] and out["to_repair"] == []
     (rel,) = [a for a in ledger.audit_rows(s.op_id) if a["action"] == "release"]
     assert rel["actor"] == "bob" and "train retired" in rel["reason"]
@@ -161,7 +163,8 @@ def test_ops_and_host_history_show_what_is_held_and_what_happened(tmp_path):
     s = stop()
     assert s.take().granted
     ops = ledger.active_operations()
-    assert [(o["id"], o["hosts"], o["last"]["action"]) for o in ops] == [(s.op_id, ["ha1", "ha2", "ha3", "ha4"], "lease")]
+    assert ([(o["id"], o["hosts"], o["last"]["action"]) for o in ops]
+            == [(s.op_id, ["ha1", "ha2", "ha3", "ha4"], "lease")])
     text = describe_ops(ops)
     assert s.op_id in text and "railyard_train_t/run1" in text
     wait_checkpoints(s, clock)
@@ -181,7 +184,8 @@ def test_ops_and_host_history_show_what_is_held_and_what_happened(tmp_path):
 
 
 def test_an_emergency_that_would_break_an_equals_rule_is_refused_before_anything_is_touched():
-    data = {**CONFIG, "releases": CONFIG["releases"] + [{"id": "drv-575", "component": "gpu-driver", "version": "575.1"}],
+    data = {**CONFIG,
+            "releases": CONFIG["releases"] + [{"id": "drv-575", "component": "gpu-driver", "version": "575.1"}],
             "compatibility": {"rules": ["fabric-manager == gpu-driver"]}}
     cfg = parse_config(data)
     fleet = SimEngine(cfg, None, clock=Clock())

@@ -175,7 +175,8 @@ def test_read_once_answers_every_question_from_one_read_and_forgets_it_on_a_writ
 
 
 # ---- the simulator at scale ------------------------------------------------------------------------
-def test_the_simulator_builds_its_bulk_answers_once_per_change_of_the_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_simulator_builds_its_bulk_answers_once_per_change_of_the_world(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     cfg = fleet_config(20)

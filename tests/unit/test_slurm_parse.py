@@ -90,7 +90,8 @@ CASES = [
          draining="cn3", draining_base="mixed",
          gpus={"host1": 2, "host2": 2, "cn3": 8, "cn4": 8}, address=("cn3", "cn3"),
          running="424855", running_hosts=["cn3", "cn4"], running_gpus=16, running_time_limit=60,
-         pending="671", pending_count=4, pending_gpus=32, comments={"424855": "railyard_ckpt=1748000000.25", "671": ""}),
+         pending="671", pending_count=4, pending_gpus=32,
+         comments={"424855": "railyard_ckpt=1748000000.25", "671": ""}),
 ]
 
 
@@ -322,7 +323,8 @@ def test_the_live_22_05_documents_read_per_node_with_the_admins_drain_as_the_adm
 
 def test_node_records_of_other_documents() -> None:
     assert parse.node_records({"meta": {}, "errors": []}) == []
-    assert [parse.node_name(n) for n in parse.node_records(load("22.05", "sinfo.json"))] == ["n1", "n2", "n3", "n4", "n5"]
+    assert ([parse.node_name(n) for n in parse.node_records(load("22.05", "sinfo.json"))]
+            == ["n1", "n2", "n3", "n4", "n5"])
     with pytest.raises(ValueError, match="'nodes'"):
         parse.node_records({"nodes": {"n1": {}}})
     with pytest.raises(ValueError, match="'document'"):

@@ -79,8 +79,10 @@ def test_dcgmi_diag(tmp_path):
     assert not v.passed
     assert rc == 226 and v.summary.startswith("dcgmi diag -r 2: sm_stress on GPU 0: Max stress level of 2128.7 did "
                                               "not exceed desired stress level of 3000.0 for GPU 0 | ")
-    assert not parse_dcgmi_diag("Error: unable to establish a connection to the specified host: localhost", 255, level=3).passed
-    old = '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "Diagnostic", "results": [{"gpu_ids": "2", "status": "Fail", "warnings": "GPU 2 failed the SM stress test"}]}]}]}}'
+    assert not parse_dcgmi_diag("Error: unable to establish a connection to the specified host: localhost", 255,
+                                level=3).passed
+    old = ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "Diagnostic", '
+           '"results": [{"gpu_ids": "2", "status": "Fail", "warnings": "GPU 2 failed the SM stress test"}]}]}]}}')
     v = parse_dcgmi_diag(old, 0, level=3)
     assert not v.passed and "GPU 2 failed the SM stress test" in v.summary
 
@@ -160,7 +162,8 @@ def test_xid_journalctl_and_dmesg_shapes():
                "Jan 06 10:15:12 gpu-a01 kernel: NVRM: Xid (PCI:0000:3a:00): 31, pid=18822, name=python3, Ch 00000008\n")
     v = parse_xid(DMESG_EPERM + journal, 0, fatal=FATAL_XIDS)  # dmesg refused, journalctl read it
     assert v.passed and v.evidence["kernel_lines"] == 2 and v.evidence["xids"][0]["xid"] == 31
-    fatal = journal + "Jan 06 11:02:40 gpu-a01 kernel: NVRM: Xid (PCI:0000:5a:00): 79, pid=0, name=swapper/0, GPU has fallen off the bus.\n"
+    fatal = journal + ("Jan 06 11:02:40 gpu-a01 kernel: NVRM: Xid (PCI:0000:5a:00): 79, pid=0, name=swapper/0, "
+                       "GPU has fallen off the bus.\n")
     v = parse_xid(fatal, 0, fatal=FATAL_XIDS)
     assert not v.passed and v.summary.startswith("XID 79 on PCI:0000:5a:00")
     for line in ("[    0.000000] Linux version 6.1.0-25-amd64", "<6>[    0.000000] Linux version 6.1.0-25-amd64",
@@ -216,7 +219,8 @@ def _dcgm4(tests: list[dict], categories: str = "Hardware") -> str:
 
 
 def _dcgm4_test(name: str, statuses: list[str], warning: str | None = None) -> dict:
-    results = [{"entity_group": "GPU", "entity_group_id": 1, "entity_id": i, "status": s} for i, s in enumerate(statuses)]
+    results = [{"entity_group": "GPU", "entity_group_id": 1, "entity_id": i, "status": s}
+               for i, s in enumerate(statuses)]
     for r in results:
         if r["status"] == "Fail" and warning:
             r["warnings"] = [{"error_category": 2, "error_id": 45, "error_severity": 2, "warning": warning}]
@@ -225,16 +229,20 @@ def _dcgm4_test(name: str, statuses: list[str], warning: str | None = None) -> d
 
 
 def test_dcgmi_diag_4x_layout():
-    v = parse_dcgmi_diag(_dcgm4([_dcgm4_test("memory", ["Pass"] * 8), _dcgm4_test("diagnostic", ["Pass"] * 8)]), 0, level=2)
+    v = parse_dcgmi_diag(_dcgm4([_dcgm4_test("memory", ["Pass"] * 8), _dcgm4_test("diagnostic", ["Pass"] * 8)]), 0,
+                         level=2)
     assert v.passed and v.evidence["tests"] == 2 and v.evidence["version"] == "4.2.3"
-    bad = _dcgm4([_dcgm4_test("pcie", ["Pass"] * 5 + ["Fail", "Pass", "Pass"], "Found 667 PCIe replays on GPU 5 (threshold 250)")],
+    bad = _dcgm4([_dcgm4_test("pcie", ["Pass"] * 5 + ["Fail", "Pass", "Pass"],
+                              "Found 667 PCIe replays on GPU 5 (threshold 250)")],
                  "Integration")
     v = parse_dcgmi_diag(bad, 226, level=2)
-    assert not v.passed and v.summary == "dcgmi diag -r 2: pcie on GPU 5: Found 667 PCIe replays on GPU 5 (threshold 250)"
+    assert not v.passed and (
+        v.summary == "dcgmi diag -r 2: pcie on GPU 5: Found 667 PCIe replays on GPU 5 (threshold 250)")
     # one GPU skipped, the others ran: that GPU was not tested, so the host fails, unless the test may skip
     report = _dcgm4([_dcgm4_test("memory", ["Skip"] + ["Pass"] * 7), _dcgm4_test("nvbandwidth", ["Skip"] * 8)])
     v = parse_dcgmi_diag(report, 0, level=2, expected_gpus=8)
-    assert not v.passed and "memory: skip on GPU 0" in v.summary and "nvbandwidth: skip on GPU 0,1,2,3,4,5,6,7" in v.summary
+    assert (not v.passed and "memory: skip on GPU 0" in v.summary
+            and "nvbandwidth: skip on GPU 0,1,2,3,4,5,6,7" in v.summary)
     v = parse_dcgmi_diag(report, 0, level=2, expected_gpus=8,
                          may_skip={"memory": "GPU 0 is a spare", "nvbandwidth": "not on this SKU"})
     assert v.passed and "allowed: not on this SKU" in v.summary, v.summary
@@ -250,7 +258,8 @@ def test_dcgmi_diag_4x_layout():
     ('{"DCGM GPU Diagnostic": {"test_categories": [], "version": "3.3.5"}}', "0 hardware tests in the report"),
     ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": []}], "version": "3.3.5"}}',
      "0 hardware tests in the report"),
-    ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "GPU Memory", "results": []}]}]}}',
+    ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": '
+     '[{"name": "GPU Memory", "results": []}]}]}}',
      "the report lists 0 of 8 GPUs"),
     ('{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "GPU Memory"}]}]}}',
      "the report lists 0 of 8 GPUs"),
@@ -269,20 +278,22 @@ def test_dcgmi_diag_runtime_error_and_garbage():
     text = '{"DCGM Diagnostic": {"runtime_error": "Error: unable to run the diagnostic: nv-hostengine is not running"}}'
     v = parse_dcgmi_diag(text, 0, level=2)
     assert not v.passed and "nv-hostengine is not running" in v.summary
-    for garbage in ('{"DCGM GPU Diagnostic": {"test_categories": ["Hardware", 3, null, {"tests": ["x", {"results": [1]}]}]}}',
+    for garbage in ('{"DCGM GPU Diagnostic": {"test_categories": ["Hardware", 3, null, '
+                    '{"tests": ["x", {"results": [1]}]}]}}',
                     '{"DCGM Diagnostic": []}', '{"something": "else"}'):
         assert not parse_dcgmi_diag(garbage, 0, level=2).passed
 
 
-NCCL_HEAD = """# nThread 1 nGpus 8 minBytes 1073741824 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: {val} graph: 0
-#
+NCCL_HEAD = ("# nThread 1 nGpus 8 minBytes 1073741824 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20"
+             " agg iters: 1 validation: {val} graph: 0\n"
+             """#
 # Using devices
 #  Rank  0 Group  0 Pid  41873 on gpu-a01 device  0 [0x18] NVIDIA H100 80GB HBM3
 #
 #                                                              out-of-place                       in-place
 #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
 #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
-"""
+""")
 
 
 def _nccl(rows: list[tuple[str, str, str]], val: int = 1, tail: str = "# Out of bounds values : 0 OK\n") -> str:
@@ -299,15 +310,18 @@ def test_all_reduce_perf_empty_results_fail():
     assert not v.passed and v.summary == "all_reduce_perf: no result rows (exit 0): no output"
     zero = _nccl([("1073741824", "0.00", "N/A"), ("8589934592", "0.00", "N/A")], val=0)
     v = parse_all_reduce_perf(zero, 0, floor_gbps=0)  # no floor for the SKU: 0 GB/s still is not a result
-    assert not v.passed and v.summary == "all_reduce_perf: 2 result row(s), none with a bus bandwidth (busbw 0.00; exit 0)"
+    assert not v.passed and (
+        v.summary == "all_reduce_perf: 2 result row(s), none with a bus bandwidth (busbw 0.00; exit 0)")
     na = _nccl([("1073741824", "N/A", "N/A"), ("8589934592", "N/A", "N/A")], val=0)
     v = parse_all_reduce_perf(na, 0, floor_gbps=0)
-    assert not v.passed and v.summary == "all_reduce_perf: 2 result row(s), none with a bus bandwidth (busbw N/A; exit 0)"
+    assert not v.passed and (
+        v.summary == "all_reduce_perf: 2 result row(s), none with a bus bandwidth (busbw N/A; exit 0)")
     zero_checked = _nccl([("1073741824", "0.00", "0"), ("8589934592", "0.00", "0")])
     assert not parse_all_reduce_perf(zero_checked, 0, floor_gbps=0).passed
     last_zero = _nccl([("1073741824", "352.84", "0"), ("8589934592", "0.00", "0")])
     v = parse_all_reduce_perf(last_zero, 0, floor_gbps=0)
-    assert not v.passed and v.summary == "all_reduce_perf: no bus bandwidth at the largest size 8589934592 B (busbw 0.00 / 0.00)"
+    assert not v.passed and (
+        v.summary == "all_reduce_perf: no bus bandwidth at the largest size 8589934592 B (busbw 0.00 / 0.00)")
 
 
 def test_all_reduce_perf_unvalidated_and_out_of_bounds():

@@ -46,7 +46,8 @@ def test_bad_host_entries_are_refused(field, value, expect):
     data = ssh_config(copy.deepcopy(HOSTS))
     data["fleet"]["ssh"]["hosts"]["gpu-a01"][field] = value
     found = problems(data)
-    assert any(p.startswith(f"fleet.ssh.hosts.gpu-a01.{field}:") and expect in p and repr(value) in p for p in found), found
+    assert any(p.startswith(f"fleet.ssh.hosts.gpu-a01.{field}:") and expect in p and repr(value) in p
+               for p in found), found
 
 
 @pytest.mark.parametrize("name", ["n1;reboot", "$(id)", "a`id`", "a\nb", "-oProxyCommand=x", "x" * 300])

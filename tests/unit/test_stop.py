@@ -233,7 +233,8 @@ def test_train_halts_when_too_many_hosts_fail(tmp_path):
     wait_checkpoints(s, clock)
     s.drain()
     s.upgrade()
-    with pytest.raises(StopError, match=r"train halted: 4 of 4 hosts failed in this run \(100% > max_failure_fraction 50%\); first: ha1: health check failed"):
+    with pytest.raises(StopError, match=r"train halted: 4 of 4 hosts failed in this run "
+                                        r"\(100% > max_failure_fraction 50%\); first: ha1: health check failed"):
         s.check()
     assert s.return_hosts()["offboarded"] == ["ha1", "ha2", "ha3", "ha4"]
     assert all(h.state == HostState.REPAIR for h in fleet.hosts(["ha1", "ha2", "ha3", "ha4"]))

@@ -188,13 +188,17 @@ def test_controls_need_a_reason_and_are_audited_with_the_user(world, auth) -> No
     assert sw["actor"] == "user-1" and "change freeze for the launch" in sw["reason"]
     r = client.post("/api/freeze", json={"on": False, "reason": "launch is over, thaw"}, headers=as_(auth, "admin"))
     assert r.status_code == 200 and ledger.switch("freeze") is None
-    assert [a["actor"] for a in ledger.audit_rows() if a["action"] in ("freeze_on", "freeze_off")] == ["user-1", "admin-1"]
+    assert ([a["actor"] for a in ledger.audit_rows() if a["action"] in ("freeze_on", "freeze_off")]
+            == ["user-1", "admin-1"])
 
-    r = client.post("/api/releases/driver-570/halt", json={"reason": "bad XIDs on the canary"}, headers=as_(auth, "admin"))
+    r = client.post("/api/releases/driver-570/halt", json={"reason": "bad XIDs on the canary"},
+                    headers=as_(auth, "admin"))
     assert r.status_code == 200 and r.json()["halted"] is True
-    r = client.post("/api/releases/driver-570/promote", json={"reason": "try to promote it"}, headers=as_(auth, "admin"))
+    r = client.post("/api/releases/driver-570/promote", json={"reason": "try to promote it"},
+                    headers=as_(auth, "admin"))
     assert r.status_code == 409 and "halted" in r.text
-    r = client.post("/api/releases/driver-570/resume", json={"reason": "fixed by a new image"}, headers=as_(auth, "admin"))
+    r = client.post("/api/releases/driver-570/resume", json={"reason": "fixed by a new image"},
+                    headers=as_(auth, "admin"))
     assert r.status_code == 200 and r.json()["halted"] is False
     assert client.post("/api/releases/nope/halt", json={"reason": "no such release"},
                        headers=as_(auth, "admin")).status_code == 404

@@ -67,7 +67,8 @@ def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, trai
     targets = cfg.train_targets(train)
     upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
     serving = sum(1 for h in everyone if h.state == HostState.SERVING)
-    where = f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current else f"{done}/{len(domains)} domains done"
+    where = (f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current
+             else f"{done}/{len(domains)} domains done")
     wait = waiting_for(ledger, current, step) if ledger is not None and current else ""
     return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} upgraded {upgraded}/{len(hosts)}  "
             f"serving {serving}/{len(everyone)} ({serving / max(1, len(everyone)):.0%}){wait}")

@@ -234,7 +234,8 @@ class HttpFleet:
                 problem = f"cannot connect ({type(exc).__name__})"
                 continue
             except requests.Timeout:
-                raise FleetError(f"fleet at {self.base_url}: {method} {path} got no answer within {self.timeout[1]}s") from None
+                raise FleetError(f"fleet at {self.base_url}: {method} {path} got no answer "
+                                 f"within {self.timeout[1]}s") from None
             except requests.RequestException as exc:
                 raise FleetError(self._scrub(f"fleet at {self.base_url}: {method} {path} failed: {exc}")) from None
             if resp.status_code in _RETRY_STATUS:
@@ -256,7 +257,8 @@ class HttpFleet:
                 raise FleetError(f"fleet at {self.base_url}: {method} {path} answered non-JSON") from None
         detail = self._scrub(_detail(resp))
         if resp.status_code in (401, 403):
-            sent = f"the {self.auth_scheme} credentials were refused" if self.auth_scheme else "no credentials were sent"
+            sent = (f"the {self.auth_scheme} credentials were refused" if self.auth_scheme
+                    else "no credentials were sent")
             raise FleetError(
                 f"fleet at {self.base_url}: {method} {path} not authorized (HTTP {resp.status_code}: {detail}); "
                 f"{sent}: check the token or login/password of the fleet connection"

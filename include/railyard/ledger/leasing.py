@@ -91,7 +91,8 @@ def _view_of(result: Iterable[Any]) -> _View:
 def _judge(budget: Budget, domain: str, taking: list[str], n_broken: int, n_held: int) -> tuple[str, str] | None:
     """The buffer checks of `acquire_domain`, in order: None when they pass, else (outcome, reason)."""
     if n_broken > budget.failure_hosts:
-        return "stop", f"failure buffer exhausted: {n_broken} hosts broken, in repair or out with no lease > budget {budget.failure_hosts}"
+        return "stop", (f"failure buffer exhausted: {n_broken} hosts broken, in repair or out with no lease > budget "
+                        f"{budget.failure_hosts}")
     if n_held + len(taking) > budget.maintenance_hosts:
         return "wait", (f"maintenance buffer: {n_held} hosts out + {len(taking)} of {domain} > budget "
                         f"{budget.maintenance_hosts}")
@@ -308,7 +309,8 @@ class Leases(LedgerBase):
             q = select(waiters).where(waiters.c.seen_at > self.clock() - WAITER_TTL_S)
             return [dict(r._mapping) for r in c.execute(q.order_by(waiters.c.priority.desc(), waiters.c.since))]
 
-    def release(self, op_id: str, hosts: Iterable[str] | None = None, *, actor: str = "railyard", reason: str = "") -> list[str]:
+    def release(self, op_id: str, hosts: Iterable[str] | None = None, *, actor: str = "railyard",
+                reason: str = "") -> list[str]:
         """Release the op's leases (all, or only `hosts`); the op is done when it holds none.
 
         On PostgreSQL a release does not wait for the ledger lock: it only gives capacity back (a

@@ -179,7 +179,8 @@ BEGIN
       serving := p_total - v.n_maint - n_broken - cardinality(free);
       IF n_broken > p_fail THEN
         outcome := 'stop';
-        reason := format('failure buffer exhausted: %s hosts broken, in repair or out with no lease > budget %s', n_broken, p_fail);
+        reason := format('failure buffer exhausted: %s hosts broken, in repair or out with no lease > budget %s',
+                         n_broken, p_fail);
       ELSIF v.n_maint + cardinality(free) > p_maint THEN
         outcome := 'wait';
         reason := format('maintenance buffer: %s hosts out + %s of %s > budget %s', v.n_maint, cardinality(free),
@@ -224,7 +225,8 @@ BEGIN
       VALUES (p_op, p_kind, p_train, p_domain, 'active', p_now, p_now, '{}');
     END IF;
     IF lease IS NOT NULL THEN
-      INSERT INTO leases (host, op_id, domain, since, kind) SELECT h, p_op, p_domain, p_now, p_kind FROM unnest(lease) h;
+      INSERT INTO leases (host, op_id, domain, since, kind)
+      SELECT h, p_op, p_domain, p_now, p_kind FROM unnest(lease) h;
       INSERT INTO audit (at, actor, op_id, action, hosts, reason)
       VALUES (p_now, p_actor, p_op, 'lease', {json}(lease), format('took %s for %s', p_domain, p_train));
     END IF;
@@ -331,7 +333,8 @@ def functions() -> Functions:
     return Functions(
         acquire=f"CALL {n['acquire']}({', '.join(['%s'] * len(_PARAMS.split(',')))}, NULL, NULL)",
         release=f"EXECUTE {stmt}(%s, %s::text[], %s, %s, %s::float8)",
-        prepare=(stmt, f"PREPARE {stmt}(text, text[], text, text, float8) AS SELECT {n['release']}($1, $2, $3, $4, $5)"),
+        prepare=(stmt, f"PREPARE {stmt}(text, text[], text, text, float8) "
+                       f"AS SELECT {n['release']}($1, $2, $3, $4, $5)"),
     )
 
 

@@ -32,7 +32,8 @@ from railyard.ledger.schema import (
 
 
 class Records(LedgerBase):
-    def open_operation(self, op_id: str, *, kind: str, detail: dict[str, Any], actor: str, action: str, reason: str) -> bool:
+    def open_operation(self, op_id: str, *, kind: str, detail: dict[str, Any], actor: str, action: str,
+                       reason: str) -> bool:
         """Record an operation once (idempotent: a retried task does not record it twice)."""
         with self.engine.begin() as c:
             _lock(c)
@@ -45,7 +46,8 @@ class Records(LedgerBase):
             return True
 
     def operations_like(self, prefix: str, state: str | None = None) -> list[dict[str, Any]]:
-        q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(operations.c.created_at)
+        q = (select(operations).where(operations.c.id.startswith(prefix, autoescape=True))
+             .order_by(operations.c.created_at))
         if state is not None:
             q = q.where(operations.c.state == state)
         with self.engine.connect() as c:
@@ -64,7 +66,8 @@ class Records(LedgerBase):
                     updated_at=now, detail=json.dumps({"dodge_until": until, "jobs": jobs}),
                 )
             )
-            _audit(c, self.clock(), "railyard", op_id, "dodge", [], f"{domain} postponed for {', '.join(jobs)} until {until:.0f}")
+            _audit(c, self.clock(), "railyard", op_id, "dodge", [],
+                   f"{domain} postponed for {', '.join(jobs)} until {until:.0f}")
             return True
 
     def mark_for_revisit(self, op_id: str, reason: str, actor: str = "railyard") -> None:
@@ -173,7 +176,8 @@ class Records(LedgerBase):
             c.execute(release_states.delete().where(release_states.c.release == release))
             c.execute(insert(release_states).values(release=release, phase=phase, halted=int(halted), reason=reason,
                                                     actor=actor, promoted_at=since, at=self.clock()))
-            _audit(c, self.clock(), actor, f"release/{release}", action, [], f"{phase}{' HALTED' if halted else ''}: {reason}")
+            _audit(c, self.clock(), actor, f"release/{release}", action, [],
+                   f"{phase}{' HALTED' if halted else ''}: {reason}")
         return True
 
     def release_action_done(self, release: str, key: str) -> bool:
@@ -194,7 +198,8 @@ class Records(LedgerBase):
             return [dict(r._mapping) for r in c.execute(q)]
 
     # ---- records -----------------------------------------------------------------------------
-    def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str], reason: str | None) -> None:
+    def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str],
+                            reason: str | None) -> None:
         with self.engine.begin() as c:
             c.execute(verifications.delete().where(verifications.c.op_id == op_id, verifications.c.host == host))
             c.execute(
@@ -251,7 +256,8 @@ class Records(LedgerBase):
             detail: dict[str, Any] = json.loads(r.detail or "{}")
             if change(detail):
                 c.execute(
-                    update(operations).where(operations.c.id == op_id).values(detail=json.dumps(detail), updated_at=self.clock())
+                    update(operations).where(operations.c.id == op_id)
+                    .values(detail=json.dumps(detail), updated_at=self.clock())
                 )
             return detail
 

@@ -242,7 +242,8 @@ def _run(c: Connection, keys: Sequence[_Key], params: dict[str, Any]) -> Any:
         keys = ["lock_row" if k == "lock" else k for k in keys]
     if c.dialect.name == "postgresql" and c.dialect.driver == "psycopg2":
         texts = [_prepared(c, k) for k in keys]
-        return c.exec_driver_sql("; ".join(t for t, _ in texts), {k: v for _, d in texts for k, v in d.items()} | params)
+        return c.exec_driver_sql("; ".join(t for t, _ in texts),
+                                 {k: v for _, d in texts for k, v in d.items()} | params)
     pg = c.dialect.name == "postgresql"
     result = None
     for key in keys:

@@ -151,7 +151,8 @@ def describe(p: dict[str, Any]) -> str:
              f"{len(p['stops'])} stop(s), {p['domains_at_once']} at a time, ~{p['estimate_s'] / 60:.0f} min"
              + (" (DRY RUN: nothing will be touched)" if p["dry_run"] else "")]
     for i, s in enumerate(p["stops"], 1):
-        lines.append(f"  {i}. {s['domain']}: {len(s['hosts'])} host(s){' (whole domain)' if s['whole_domain'] else ''}, "
+        lines.append(f"  {i}. {s['domain']}: {len(s['hosts'])} host(s)"
+                     f"{' (whole domain)' if s['whole_domain'] else ''}, "
                      f"{len(s['steps'])} need work; checkpoint {', '.join(s['jobs_to_checkpoint']) or '-'}"
                      + (f"; AT RISK without checkpoint: {', '.join(s['jobs_at_risk'])}" if s["jobs_at_risk"] else ""))
     return "\n".join(lines)

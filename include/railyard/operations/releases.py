@@ -188,7 +188,8 @@ class Rollout:
             self._override[rid] = ReleaseState(rid, phase, halted, reason, now if promoted else old.promoted_at)
 
     # ---- explicit actions -----------------------------------------------------------------------
-    def act(self, action: str, rid: str, *, reason: str, actor: str, now: float, key: str | None = None) -> ReleaseState:
+    def act(self, action: str, rid: str, *, reason: str, actor: str, now: float,
+            key: str | None = None) -> ReleaseState:
         """promote | halt | resume, with a reason (at least 10 characters), recorded in the audit. `key` (the
         Airflow run that asks): an action already recorded under it is not applied twice; its state is returned."""
         r = self.release(rid)
@@ -434,7 +435,8 @@ def describe_plan(p: dict[str, Any]) -> str:
              f"(floor {', '.join(f'{k}: {v} hosts' for k, v in p['serving_floor_hosts'].items())})"]
     for r in p["releases"]:
         lines.append(f"  release {r['release']} ({r['component']} {r['version']}): {r['phase']}"
-                     + (f", HALTED: {r['reason']}" if r["halted"] else "") + f", {r['hosts_admitted']} host(s) admitted")
+                     + (f", HALTED: {r['reason']}" if r["halted"] else "")
+                     + f", {r['hosts_admitted']} host(s) admitted")
     n = 0
     for s in p["stops"]:
         if s["skip"]:

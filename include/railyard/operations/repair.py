@@ -39,7 +39,8 @@ def frozen_targets(config: RailyardConfig, op: dict[str, Any]) -> dict[str, str]
 
 
 def gate_repaired(config: RailyardConfig, fleet: Fleet, ledger: Ledger, *, say: Callable[[str], None] = print,
-                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+                  sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     returned: list[str] = []
     failed: list[str] = []
     waiting: list[str] = []
@@ -47,7 +48,8 @@ def gate_repaired(config: RailyardConfig, fleet: Fleet, ledger: Ledger, *, say: 
     errors: dict[str, str] = {}
     for op in ledger.operations_like("repair/", state="active"):
         try:
-            _gate_one(config, fleet, ledger, op, by_domain, returned, failed, waiting, say=say, sleep=sleep, clock=clock)
+            _gate_one(config, fleet, ledger, op, by_domain, returned, failed, waiting, say=say, sleep=sleep,
+                      clock=clock)
         except Exception as exc:  # noqa: BLE001 - one repair that cannot go on never starves the others
             errors[op["id"]] = f"{type(exc).__name__}: {exc}"
             say(f"{op['id']}: repair gate not finished: {errors[op['id']]}")

@@ -353,7 +353,8 @@ class Stop:
         if recorded is None:
             at = self.fleet.request_checkpoint([j.id for j in jobs]) if jobs else self.fleet.now()
             recorded = self.ledger.set_detail_once(self.op_id, "checkpoint_requested_at", at)
-            self.ledger.note(self.op_id, "checkpoint_requested", held, f"jobs: {', '.join(j.id for j in jobs) or 'none'}")
+            self.ledger.note(self.op_id, "checkpoint_requested", held,
+                             f"jobs: {', '.join(j.id for j in jobs) or 'none'}")
         return [j.id for j in jobs], float(recorded)  # type: ignore[arg-type]
 
     def _skip_checkpoints(self, jobs: list[Job]) -> float:
@@ -527,7 +528,8 @@ class Stop:
             "waiting for work in flight"))
         self._settle_repairs(self.fleet.hosts(held))  # a host this stop offboarded is never upgraded by it again
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
-        work = {h.name: pending_steps(self.targets_for(h.name), h) for h in self._drained_again([n for n in held if n in mine])
+        work = {h.name: pending_steps(self.targets_for(h.name), h)
+                for h in self._drained_again([n for n in held if n in mine])
                 if h.state == HostState.DRAINED and h.last_error is None}
         started = [n for n, steps in work.items() if steps]
         self._each(started, lambda n: self.fleet.upgrade(n, work[n], self.op_id))
@@ -537,7 +539,8 @@ class Stop:
         def probe() -> tuple[bool, str]:
             now = self.fleet.hosts(held)
             busy = [h for h in now if h.state == HostState.UPGRADING]
-            done = sum(1 for h in now if h.state != HostState.UPGRADING and not pending_steps(self.targets_for(h.name), h))
+            done = sum(1 for h in now
+                       if h.state != HostState.UPGRADING and not pending_steps(self.targets_for(h.name), h))
             return not busy, f"upgraded {done}/{len(now)} ({len(busy)} installing)"
 
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
@@ -680,7 +683,8 @@ class Stop:
         self._wait("return", self.timeouts.return_s, lambda: (
             not [h for h in self.fleet.hosts(self.held()) if h.state == HostState.RETURNING], "returning"))
         final = self.fleet.hosts(self.held())
-        self._settle_repairs(final, handovers=False)  # offboarded meanwhile (a stray, a failed gate): never released in repair
+        # offboarded meanwhile (a stray, a failed gate): never released in repair
+        self._settle_repairs(final, handovers=False)
         still = self.ledger.holdings(self.op_id)
         final = [h for h in final if h.name in still]
         out = [h.name for h in final if h.state not in (HostState.SERVING, *BROKEN_STATES)]
@@ -689,7 +693,8 @@ class Stop:
         self._let_go([h.name for h in final if h.state == HostState.FAILED])
         self._sample_capacity()
         repaired = self.offboarded()
-        why = f"returned {len(back)}, to repair {len(repaired)}" + (" (closing: its run is gone)" if self.closing else "")
+        why = (f"returned {len(back)}, to repair {len(repaired)}"
+               + (" (closing: its run is gone)" if self.closing else ""))
         if self.op_id.startswith("repair/"):
             # a repair keeps what is in repair now (a failed gate), whatever its history says
             kept = [h.name for h in final if h.state in BROKEN_STATES]

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m railyard.sim", description="Run the Railyard fleet simulator.")
     parser.add_argument("--config", help="Railyard config file (default: RAILYARD_CONFIG or the bundled demo)")
     parser.add_argument("--db", required=True, help="SQLite file that keeps the world across restarts")
-    parser.add_argument("--port", type=int, default=None, help="port (default: simulator.port from the config; 0 = any)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port (default: simulator.port from the config; 0 = any)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--token-file", help="file whose first line is the bearer token every call but /healthz "
                                              "needs (default: env RAILYARD_FLEET_TOKEN, RAILYARD_FLEET_TOKEN_FILE)")

@@ -102,7 +102,8 @@ class OffboardRequest(Body):
 
 
 class SettingsPatch(Body):
-    host_failure_per_hour: float | None = Field(default=None, ge=0, description="random failures per serving host per fleet hour")
+    host_failure_per_hour: float | None = Field(default=None, ge=0,
+                                                description="random failures per serving host per fleet hour")
     upgrade_fail_rate: float | None = Field(default=None, ge=0, le=1, description="probability an upgrade fails")
     check_fail_rate: float | None = Field(default=None, ge=0, le=1, description="probability a deep check fails")
 
@@ -203,7 +204,8 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike[str] |
         try:
             lines = FilePath(token_file).read_text().strip().splitlines()
         except OSError as exc:
-            raise ValueError(f"token file {token_file}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+            raise ValueError(f"token file {token_file}: cannot read it "
+                             f"({exc.strerror or type(exc).__name__})") from None
         token = lines[0].strip() if lines else ""
         if not token:
             raise ValueError(f"token file {token_file} is empty")
@@ -258,7 +260,9 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
         return {"now": engine.now()}
 
     @v1.get("/hosts", response_model=list[Host], summary="Hosts, all or by name")
-    def hosts(names: Annotated[str | None, Query(description="comma-separated host names; all when absent")] = None) -> Any:
+    def hosts(
+        names: Annotated[str | None, Query(description="comma-separated host names; all when absent")] = None,
+    ) -> Any:
         # the engine's own JSON (built once per change of the world), not a model per host per call:
         # a fleet of 76,800 hosts answers in milliseconds instead of seconds
         return Response(content=engine.hosts_json(_names(names, "names")), media_type="application/json")
@@ -306,7 +310,8 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     def capacity() -> Any:
         return engine.capacity()
 
-    @v1.get("/audit", response_model=AuditReport, summary="What happened: capacity, lost work, returns, installs, stops")
+    @v1.get("/audit", response_model=AuditReport,
+            summary="What happened: capacity, lost work, returns, installs, stops")
     def audit() -> Any:
         return engine.audit()
 
@@ -314,7 +319,8 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     def samples() -> Any:
         return engine.samples()
 
-    @v1.patch("/jobs/{job_id}", response_model=Job, summary="A job's own requests: a dodge deadline; hang (fault tests)")
+    @v1.patch("/jobs/{job_id}", response_model=Job,
+              summary="A job's own requests: a dodge deadline; hang (fault tests)")
     def patch_job(job_id: HostName, body: JobPatch) -> Any:
         return engine.set_job(job_id, **body.model_dump())
 
@@ -322,7 +328,8 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     def fail(host: HostName) -> Any:
         return engine.fail(host)
 
-    @v1.post("/hosts/{host}/repaired", response_model=Host, summary="Repair is done: the host waits, drained, for the health gate")
+    @v1.post("/hosts/{host}/repaired", response_model=Host,
+             summary="Repair is done: the host waits, drained, for the health gate")
     def repaired(host: HostName) -> Any:
         return engine.repaired(host)
 

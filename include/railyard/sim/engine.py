@@ -157,7 +157,9 @@ class _Store:
             self.conn.execute(
                 "CREATE TABLE IF NOT EXISTS world (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL)"
             )
-            self.conn.execute("CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), t REAL NOT NULL)")
+            self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), t REAL NOT NULL)"
+            )
             self.conn.execute(
                 "CREATE TABLE IF NOT EXISTS audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
                 "t REAL NOT NULL, data TEXT NOT NULL)"
@@ -330,7 +332,8 @@ class SimEngine:
         if not todo and h.operation == op and h.state in MAINTENANCE_STATES:
             return
         if h.state != HostState.DRAINED or h.operation != op:
-            raise self._refuse(h, op, f"cannot upgrade {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, op, f"cannot upgrade {host}: {self._describe(h)}; "
+                                      f"it must be drained and held by {op}")
         if not todo:
             return
         self._dirty = True
@@ -366,7 +369,8 @@ class SimEngine:
         if h.state != HostState.DRAINED or h.operation != op:
             raise self._refuse(h, op, f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
         self._dirty = True
-        check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t, versions_at_start=dict(h.versions))
+        check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t,
+                       versions_at_start=dict(h.versions))
         self._checks[(h.name, op)] = check
         h.state, h.until = HostState.CHECKING, self._t + self.sim.check_s
         self._phase(op, h.domain, "check", start=self._t)
@@ -391,7 +395,8 @@ class SimEngine:
             if h.state == HostState.SERVING or (h.state == HostState.RETURNING and h.operation == op):
                 continue
             if h.state not in (HostState.DRAINED, HostState.DRAINING) or h.operation != op:
-                raise self._refuse(h, op, f"cannot return {h.name}: {self._describe(h)}; it must be drained and held by {op}")
+                raise self._refuse(h, op, f"cannot return {h.name}: {self._describe(h)}; "
+                                          f"it must be drained and held by {op}")
             todo.append(h)
         if not todo:
             return
@@ -461,7 +466,8 @@ class SimEngine:
             raise FleetError(f"job {job_id!r} exists already")
         if not isinstance(hosts, int) or not 1 <= hosts <= len(self._hosts):
             raise FleetError(f"job {job_id!r}: hosts must be 1 to {len(self._hosts)}, not {hosts!r}")
-        interval = self.sim.jobs.checkpoint_interval_s if checkpoint_interval_s is None else float(checkpoint_interval_s)
+        interval = (self.sim.jobs.checkpoint_interval_s if checkpoint_interval_s is None
+                    else float(checkpoint_interval_s))
         if interval <= 0:
             raise FleetError(f"job {job_id!r}: checkpoint_interval_s must be > 0, not {checkpoint_interval_s!r}")
         job = _Job(id=job_id, hosts=[], gpus=hosts * self.sim.gpus_per_host, state="pending",
@@ -535,7 +541,8 @@ class SimEngine:
             for h in self._sorted_hosts():  # failures are memoryless, so redrawing is exact
                 if h.state == HostState.SERVING:
                     h.fail_at = self._draw_failure()
-        self._dirty = self._dirty or any(v is not None for v in (host_failure_per_hour, upgrade_fail_rate, check_fail_rate))
+        self._dirty = self._dirty or any(v is not None
+                                         for v in (host_failure_per_hour, upgrade_fail_rate, check_fail_rate))
         return dict(self._rates)
 
     @_locked
@@ -801,9 +808,11 @@ class SimEngine:
             "rng": self._rng.getstate(),
         }
 
-    def _restore(self, world: dict[str, Any], clock_t: float | None, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+    def _restore(self, world: dict[str, Any], clock_t: float | None,
+                 rows: list[tuple[str, float, dict[str, Any]]]) -> None:
         if world.get("version") != SNAPSHOT_VERSION:
-            raise FleetError(f"simulator database has snapshot version {world.get('version')!r}, expected {SNAPSHOT_VERSION}")
+            raise FleetError(f"simulator database has snapshot version {world.get('version')!r}, "
+                             f"expected {SNAPSHOT_VERSION}")
         stored = {h["name"] for h in world["hosts"]}
         if stored != set(self.config.host_domain()):
             raise FleetError(
@@ -854,7 +863,8 @@ class SimEngine:
         self._samples.append(sample)
         self._rows.append(("sample", self._t, sample))
 
-    def _phase(self, op: str | None, domain: str, phase: str, *, start: float | None = None, end: float | None = None) -> None:
+    def _phase(self, op: str | None, domain: str, phase: str, *, start: float | None = None,
+               end: float | None = None) -> None:
         if op is None:
             return
         phases = self._stops.setdefault((op, domain), {p: [None, None] for p in _PHASES})

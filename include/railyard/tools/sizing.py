@@ -280,8 +280,9 @@ def evaluate(inp: SizingInput, n: int, pools: dict[str, list[UnitSpec]] | None =
             t_stop = stop_seconds(inp.work, size)
             stops_gpu_h += k * size * t_stop / HOUR * g
             train_s += k * t_stop
-        # jobs fill `utilization` of the hosts outside the failure buffer, less the maintenance buffer; a stop of D hosts touches the jobs of size J
-        # that overlap it: share x busy x (D + J - 1) / J of them, summed over the pool's domains
+        # jobs fill `utilization` of the hosts outside the failure buffer, less the maintenance buffer; a stop of
+        # D hosts touches the jobs of size J that overlap it: share x busy x (D + J - 1) / J of them, summed over
+        # the pool's domains
         busy = max(0.0, inp.jobs.utilization * (1 - inp.failure_buffer_fraction) - down * dmax / h)
         for c in inp.jobs.sizes:
             j = min(c.hosts, h)

@@ -38,7 +38,8 @@ class EmergencyPlanOperator(FleetOperator):
         broken = broken_rules(cfg, self.hook.get_conn(), req)
         if broken:  # e.g. a driver without its matching fabric manager under an `equals` rule
             led.note(emergency_run_op(run_id), "emergency_refused", [], "; ".join(broken), actor=user)
-            raise AirflowFailException("emergency refused by compatibility.rules, nothing touched:\n" + "\n".join(broken))
+            raise AirflowFailException("emergency refused by compatibility.rules, nothing touched:\n"
+                                       + "\n".join(broken))
         p = plan(cfg, self.hook.get_conn(), req)
         self.log.info("%s", describe(p))
         led.open_operation(

@@ -347,7 +347,8 @@ class SlurmFleet:
                 if time.time() - float(rec["upgrade_at"]) <= float(rec.get("budget_s", 0)):
                     state = HostState.UPGRADING
                 else:
-                    err = f"no answer from the host for {rec.get('budget_s', 0):.0f}s after the upgrade: {view['error']}"
+                    err = (f"no answer from the host for {rec.get('budget_s', 0):.0f}s after the upgrade: "
+                           f"{view['error']}")
             elif up is not None and up.status == "running":
                 state = HostState.UPGRADING
             elif up is not None and up.status == "failed":
@@ -451,7 +452,8 @@ class SlurmFleet:
             if rec.get("phase") != "held" or "DRAIN" in flags or base in _DEAD:
                 continue
             log.warning("health gate: Slurm resumed %s by itself (%s); draining it again", name, rec["op"])
-            self.cli.run("scontrol", "update", f"nodename={name}", "state=drain", f"reason={self.reason_for(rec['op'])}")
+            self.cli.run("scontrol", "update", f"nodename={name}", "state=drain",
+                         f"reason={self.reason_for(rec['op'])}")
             self._note("gate_redrain", node=name, op=rec["op"])
             wrote = True
         return self._nodes() if wrote else nodes
@@ -617,7 +619,8 @@ class SlurmFleet:
     def _require_ours(self, host: str, op: str) -> dict[str, Any]:
         node = self.enforce_gate().get(host)
         if node is None or not self._is_ours(node, op):
-            raise FleetError(f"{host} is not drained by {op} (reason: {parse.node_reason(node) if node else 'unknown node'!r})")
+            raise FleetError(f"{host} is not drained by {op} "
+                             f"(reason: {parse.node_reason(node) if node else 'unknown node'!r})")
         return node
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:

@@ -120,7 +120,8 @@ def parse_nvidia_smi(text: str, rc: int, *, expected_gpus: int, expected_driver:
         problems.insert(0, f"{len(gpus)} of {expected_gpus} GPUs visible")
     if problems:
         return Verdict(check=name, passed=False, summary="nvidia-smi: " + "; ".join(problems[:4]), evidence=ev)
-    return Verdict(check=name, passed=True, summary=f"nvidia-smi: {len(gpus)} GPUs, driver {gpus[0]['driver']}", evidence=ev)
+    return Verdict(check=name, passed=True, summary=f"nvidia-smi: {len(gpus)} GPUs, driver {gpus[0]['driver']}",
+                   evidence=ev)
 
 
 # ---- dcgmi diag -r N -j -------------------------------------------------------------------------
@@ -181,7 +182,8 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | Non
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: no JSON report (exit {rc}): {_tail(text, 160)}",
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: no JSON report (exit {rc}): {_tail(text, 160)}",
                        evidence={"rc": rc, "output": _tail(text)})
     body = doc.get("DCGM GPU Diagnostic") or doc.get("DCGM Diagnostic")
     body = body if isinstance(body, dict) else {}
@@ -189,7 +191,8 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | Non
     version = body.get("version") or doc.get("version") or (meta.get("version") if isinstance(meta, dict) else None)
     runtime_error = body.get("runtime_error") or doc.get("runtime_error")
     if isinstance(runtime_error, str) and runtime_error.strip():
-        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: {runtime_error.strip()[:200]} (exit {rc})",
+        return Verdict(check=name, passed=False,
+                       summary=f"dcgmi diag -r {level}: {runtime_error.strip()[:200]} (exit {rc})",
                        evidence={"rc": rc, "version": version, "output": _tail(text)})
     cats = body.get("test_categories")
     if not isinstance(cats, list):
@@ -249,7 +252,8 @@ def parse_dcgmi_diag(text: str, rc: int, *, level: int, expected_gpus: int | Non
           "expected_gpus": expected_gpus, "failures": failures[:20], "not_run": unseen[:20], "allowed_skips": allowed,
           "version": version, "rc": rc}
     if failures:
-        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: " + " | ".join(failures[:3]), evidence=ev)
+        return Verdict(check=name, passed=False, summary=f"dcgmi diag -r {level}: " + " | ".join(failures[:3]),
+                       evidence=ev)
     if not hardware and level >= 2:
         return Verdict(check=name, passed=False,
                        summary=f"dcgmi diag -r {level}: 0 hardware tests in the report ({software_run} software "
@@ -298,7 +302,8 @@ _NCCL_ROW = re.compile(
 _NCCL_AVG = re.compile(rf"^{_RANK_TAG}\s*#\s*Avg bus bandwidth\s*:\s*(?P<bw>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
 _NCCL_OOB = re.compile(rf"^{_RANK_TAG}\s*#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<state>\w+)?")
 # the sizes asked for: `# nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) ...` (or `step: 1024(bytes)`)
-_NCCL_ASKED = re.compile(rf"^{_RANK_TAG}\s*#\s*nThread.*\bmaxBytes\s+(?P<max>\d+)\s+step:\s*(?P<step>\d+)\((?P<kind>\w+)\)")
+_NCCL_ASKED = re.compile(rf"^{_RANK_TAG}\s*#\s*nThread.*\bmaxBytes\s+(?P<max>\d+)"
+                         r"\s+step:\s*(?P<step>\d+)\((?P<kind>\w+)\)")
 
 
 def _gbps(value: str) -> float:
@@ -367,10 +372,11 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
     ev = {"size_bytes": int(last["size"]), "busbw_gbps": busbw, "avg_busbw_gbps": avg, "floor_gbps": floor_gbps,
           "wrong_sizes": wrong, "validated": validated, "rows": len(rows), "rc": rc}
     if wrong:
-        return Verdict(check=name, passed=False, summary=f"all_reduce_perf: wrong results at sizes {', '.join(wrong[:3])}", evidence=ev)
+        return Verdict(check=name, passed=False,
+                       summary=f"all_reduce_perf: wrong results at sizes {', '.join(wrong[:3])}", evidence=ev)
     if oob is not None and (oob[0] > 0 or oob[1] not in ("", "OK")):
-        return Verdict(check=name, passed=False, summary=f"all_reduce_perf: {oob[0]} out-of-bounds values ({oob[1] or '?'})",
-                       evidence=ev)
+        return Verdict(check=name, passed=False,
+                       summary=f"all_reduce_perf: {oob[0]} out-of-bounds values ({oob[1] or '?'})", evidence=ev)
     if rc != 0:
         return Verdict(check=name, passed=False, summary=f"all_reduce_perf: exit {rc}", evidence=ev)
     if busbw <= 0:
@@ -382,7 +388,8 @@ def parse_all_reduce_perf(text: str, rc: int, *, floor_gbps: float) -> Verdict:
                        summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s below floor {floor_gbps:.1f} GB/s "
                                f"at {int(last['size'])} B", evidence=ev)
     note = "" if validated else " (results not validated: #wrong N/A)"
-    return Verdict(check=name, passed=True, summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s{note}", evidence=ev)
+    return Verdict(check=name, passed=True, summary=f"all_reduce_perf: bus bandwidth {busbw:.1f} GB/s{note}",
+                   evidence=ev)
 
 
 # ---- XID errors in the kernel log --------------------------------------------------------------
@@ -437,7 +444,8 @@ def check_versions(found: dict[str, str], expected: dict[str, str]) -> Verdict:
     wrong = {c: {"expected": v, "found": found.get(c)} for c, v in expected.items() if found.get(c) != v}
     if wrong:
         desc = ", ".join(f"{c} {w['found'] or 'unknown'} (expected {w['expected']})" for c, w in wrong.items())
-        return Verdict(check="versions", passed=False, summary=f"versions: {desc}", evidence={"found": found, "wrong": wrong})
+        return Verdict(check="versions", passed=False, summary=f"versions: {desc}",
+                       evidence={"found": found, "wrong": wrong})
     return Verdict(check="versions", passed=True, summary="versions at target", evidence={"found": found})
 
 

@@ -2,9 +2,10 @@
 
 Host states (serving, drained, upgrading, checking, repair...) are Railyard's own record, kept in the
 ledger's database (`railyard.ledger.state`: one state store for every worker), with every transition in
-`fleet_events`: the audit of which domains were out and when. Drain, return and offboard are state changes here; upgrades and deep checks run on the
-hosts through an `SshRunner`, detached, and are observed by polling when `hosts()` is read. There
-are no jobs: `jobs()` is empty and a checkpoint request is answered at once.
+`fleet_events`: the audit of which domains were out and when. Drain, return and offboard are state
+changes here; upgrades and deep checks run on the hosts through an `SshRunner`, detached, and are
+observed by polling when `hosts()` is read. There are no jobs: `jobs()` is empty and a checkpoint
+request is answered at once.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ class SshFleet:
     def _put_check(c: Connection, op: str, host: str, res: CheckResult, verdicts: list[Any]) -> None:
         vals = dict(status=res.status, reason=res.reason, versions=json.dumps(res.versions),
                     verdicts=json.dumps(verdicts), at=time.time())
-        n = c.execute(update(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host == host).values(**vals)).rowcount
+        n = c.execute(update(ssh_checks).where(ssh_checks.c.op == op,
+                                               ssh_checks.c.host == host).values(**vals)).rowcount
         if not n:
             c.execute(insert(ssh_checks).values(op=op, host=host, **vals))
 
@@ -305,11 +307,13 @@ class SshFleet:
         r = self._rows([host]).get(host)
         if r is None or r["operation"] != op or r["state"] not in (HostState.DRAINED, HostState.UPGRADING):
             state = r["state"] if r else "unknown"
-            raise FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); drain it under {op!r} first")
+            raise FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); "
+                             f"drain it under {op!r} first")
         if not steps:
             return
         with self.store.write() as c:
-            self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps], last_error=None)
+            self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps],
+                      last_error=None)
         try:
             self.run.upgrade(host, steps, op)
         except RunnerError as exc:  # the next poll launches again; a host that never answers fails by its budget
@@ -338,7 +342,8 @@ class SshFleet:
 
     def _check_row(self, op: str, host: str) -> CheckResult | None:
         with self.store.read() as c:
-            row = c.execute(select(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host == host)).mappings().first()
+            row = c.execute(select(ssh_checks).where(ssh_checks.c.op == op,
+                                                     ssh_checks.c.host == host)).mappings().first()
         if row is None:
             return None
         return CheckResult(host=host, status=row["status"], reason=row["reason"], versions=json.loads(row["versions"]))

@@ -76,7 +76,8 @@ class CommandTimeout(RunnerError):
 
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise HostKeyRefused(f"{hostname}: host key {key.get_name()} {key.fingerprint} is not pinned in known_hosts; refused")
+        raise HostKeyRefused(f"{hostname}: host key {key.get_name()} {key.fingerprint} "
+                             "is not pinned in known_hosts; refused")
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ class SshRunner:
         if ssh is None:
             raise ValueError("fleet.ssh: the ssh backend needs this section")
         sku = {h: d.sku for d in cfg.domains for h in d.hosts}
-        targets = {n: Target(n, h.address, h.port, ssh.host_work_dir(n), sku.get(n, "gpu")) for n, h in ssh.hosts.items()}
+        targets = {n: Target(n, h.address, h.port, ssh.host_work_dir(n), sku.get(n, "gpu"))
+                   for n, h in ssh.hosts.items()}
         return cls(targets, {c.name: c for c in cfg.components}, ssh.checks, connect,
                    command_timeout=ssh.command_timeout_s, connect_retries=ssh.connect_retries,
                    parallelism=ssh.parallelism, reboot_command=ssh.reboot_command,
@@ -431,7 +433,8 @@ class SshRunner:
             f"{self._boot_id_sh(t)}; printf 'boot %s %s\\n' \"$(head -c 64 boot_id.before 2>/dev/null)\" \"$B\"",
             "for f in *.status; do [ -e \"$f\" ] || continue; c=${f%.status}; s=$(head -c 16 \"$f\");",
             "  printf 'status %s %s\\n' \"$c\" \"$s\";",
-            "  [ \"$s\" = 0 ] || { printf 'log %s ' \"$c\"; tail -c 300 \"$c.log\" 2>/dev/null | tr '\\n\\r' '  '; echo; }",
+            "  [ \"$s\" = 0 ] || { printf 'log %s ' \"$c\"; tail -c 300 \"$c.log\" 2>/dev/null"
+            " | tr '\\n\\r' '  '; echo; }",
             "done",
         ])
         rc, out = self.run(host, cmd)
@@ -463,7 +466,8 @@ class SshRunner:
                 spec = self.components.get(comp)
                 why = (f"timed out after {int(spec.timeout_s)}s" if s == "124" and spec else f"exit {s}")
                 tail = logs.get(comp, "")
-                return UpgradeState(host=host, status="failed", error=f"{comp}: install {why}" + (f": {tail}" if tail else ""))
+                return UpgradeState(host=host, status="failed",
+                                    error=f"{comp}: install {why}" + (f": {tail}" if tail else ""))
         if plan and all(status.get(c) == "0" for c in plan):
             return self._reboot_state(host, lines)
         return UpgradeState(host=host, status="idle")
@@ -578,7 +582,8 @@ class SshRunner:
             results[cur] = ("\n".join(buf), code)
         return {"state": "finished", "results": results, "expected": expected}
 
-    def verdicts(self, host: str, expected: dict[str, str] | None, op: str) -> tuple[list[Verdict], dict[str, str]] | str:
+    def verdicts(self, host: str, expected: dict[str, str] | None,
+                 op: str) -> tuple[list[Verdict], dict[str, str]] | str:
         """Every configured check's verdict and the versions found, or the state if not finished.
 
         `expected` defaults to what `start_check` recorded on the host for this op.
@@ -608,7 +613,8 @@ class SshRunner:
 def result_of(host: str, verdicts: list[Verdict], versions: dict[str, str]) -> CheckResult:
     failed = [v for v in verdicts if not v.passed]
     if failed:
-        return CheckResult(host=host, status="failed", reason="; ".join(v.summary for v in failed)[:1000], versions=versions)
+        return CheckResult(host=host, status="failed", reason="; ".join(v.summary for v in failed)[:1000],
+                           versions=versions)
     return CheckResult(host=host, status="passed", reason=None, versions=versions)
 
 

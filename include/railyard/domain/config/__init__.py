@@ -329,7 +329,8 @@ class SimulatorSpec(Strict):
     return_s: float = Field(default=30, ge=0)
     upgrade_fail_rate: float = Field(default=0.0, ge=0, le=1)
     check_fail_rate: float = Field(default=0.0, ge=0, le=1)
-    host_failure_per_hour: float = Field(default=0.0, ge=0, description="random failures per serving host per fleet hour")
+    host_failure_per_hour: float = Field(default=0.0, ge=0,
+                                         description="random failures per serving host per fleet hour")
     repair_s: float = Field(default=3600, ge=0, description="how long a randomly failed host stays failed")
 
 

@@ -15,7 +15,8 @@ from pydantic import AfterValidator, Field
 from railyard.domain.models import Strict, Token
 from railyard.domain.recipes import CommandTemplate
 
-_ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _IPV6_RE = re.compile(r"^[0-9A-Fa-f:]{2,39}$")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]{0,250}$")
 
@@ -79,10 +80,12 @@ class HealthChecksSpec(Strict):
 class SshSpec(Strict):
     """Plain hosts reached over SSH; credentials from the Airflow SSH connection `connection`."""
 
-    connection: Token = Field(default="railyard_ssh", description="Airflow SSH connection: login, key_file, known_hosts")
+    connection: Token = Field(default="railyard_ssh",
+                              description="Airflow SSH connection: login, key_file, known_hosts")
     user: Token | None = None
     key_file: AbsPath | None = None
-    known_hosts: AbsPath | None = Field(default=None, description="pinned host keys; unknown or changed keys are refused")
+    known_hosts: AbsPath | None = Field(default=None,
+                                        description="pinned host keys; unknown or changed keys are refused")
     hosts: dict[Token, SshHostSpec] = Field(default_factory=dict, description="backend ssh: every host; "
                                             "backend slurm: fleet.slurm.ssh_hosts instead")
     work_dir: AbsPath = Field(default="/var/tmp/railyard", description="on the host: locks, status files and logs")

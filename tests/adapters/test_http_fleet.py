@@ -89,6 +89,37 @@ def test_a_full_stop_on_one_domain(sim_server: SimServer) -> None:
     assert samples and max(len(s["domains_out"]) for s in samples) == 1
 
 
+def test_a_domains_upgrades_and_checks_are_one_request_each_and_a_refusal_spares_the_rest(
+        sim_server: SimServer) -> None:
+    """The bulk endpoints start every host they can; the one refused (never drained) is named in the error."""
+    fleet = HttpFleet(sim_server.url)
+    sent: list[str] = []
+    request = fleet.session.request
+    fleet.session.request = lambda method, url, **kw: sent.append(f"{method} {url.split('/v1')[1]}") or request(
+        method, url, **kw)
+    pod_c, op = ["gpu-c01", "gpu-c02", "gpu-c03", "gpu-c04"], "op-bulk"
+    fleet.drain(pod_c[:3], op)
+    wait_for("drain", all_in(fleet, pod_c[:3], HostState.DRAINED))
+    steps = [Step(component=c, version=v) for c, v in TARGETS.items()]
+    sent.clear()
+    with pytest.raises(FleetError, match="gpu-c04"):
+        fleet.upgrade_hosts({h: steps for h in pod_c}, op)
+    assert sent == ["POST /hosts/upgrade"]
+    assert [h.state for h in fleet.hosts(pod_c)] == [HostState.UPGRADING] * 3 + [HostState.SERVING]
+    fleet.upgrade_hosts({h: steps for h in pod_c[:3]}, op)  # a retried task re-attaches: no second install
+    wait_for("upgrade", all_in(fleet, pod_c[:3], HostState.DRAINED))
+    sent.clear()
+    with pytest.raises(FleetError, match="gpu-c04"):
+        fleet.start_checks({h: TARGETS for h in pod_c}, op)
+    assert sent == ["POST /hosts/check"]
+    wait_for("check", lambda: [r.status for r in fleet.check_results(pod_c, op)] == ["passed"] * 3)
+    installs = {(i["host"], i["component"]): i["count"] for i in fleet.audit()["installs"]}
+    assert all(installs[(h, c)] == 1 for h in pod_c[:3] for c in TARGETS)
+    assert not any(h == "gpu-c04" for h, _ in installs)
+    # a domain's names travel in the body: thousands of them do not fit in a URL
+    assert len(fleet.hosts(pod_c * 1500)) == 6000 and len(fleet.check_results(pod_c * 1500, op)) == 4500
+
+
 def test_refusals_come_back_as_fleet_errors(shared_sim_server: SimServer) -> None:
     sim_server = shared_sim_server
     fleet = HttpFleet(sim_server.url)
@@ -150,6 +181,11 @@ def test_openapi_lists_the_paths(shared_sim_server: SimServer) -> None:
         "/v1/hosts/drain",
         "/v1/hosts/{host}/upgrade",
         "/v1/hosts/{host}/check",
+        "/v1/hosts/upgrade",
+        "/v1/hosts/check",
+        "/v1/hosts/query",
+        "/v1/jobs/query",
+        "/v1/checks/query",
         "/v1/checks",
         "/v1/hosts/return",
         "/v1/hosts/{host}/offboard",

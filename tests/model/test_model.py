@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-import railyard.operations.stop
 from railyard.domain.config import parse_config
 from railyard.domain.models import MAINTENANCE_STATES, HostState
 from railyard.fleet.port import FleetError
@@ -39,7 +38,7 @@ from railyard.operations.ops import ControlError, release_lease
 from railyard.operations.reconcile import reconcile
 from railyard.operations.releases import ReleaseError, Rollout
 from railyard.operations.repair import gate_repaired
-from railyard.operations.stop import LAUNCH_AT_ONCE, Stop, StopError
+from railyard.operations.stop import Stop, StopError
 from railyard.sim.engine import SimEngine
 from tests.unit.test_stop import Clock
 
@@ -65,15 +64,16 @@ CONFIG = {
 CFG = parse_config(CONFIG)
 HOSTS = sorted(CFG.host_domain())
 STEPS = ["take", "checkpoints", "drain", "upgrade", "check", "return"]
-FLEET_WRITES = {"drain", "upgrade", "start_check", "return_to_service", "offboard", "handover", "request_checkpoint"}
-LEDGER_WRITES = {"acquire_domain", "release", "handover", "note", "record_verification", "set_detail_once",
+FLEET_WRITES = {"drain", "upgrade_hosts", "start_checks", "return_to_service", "offboard", "handover",
+                "request_checkpoint"}
+LEDGER_WRITES = {"acquire_domain", "release", "handover", "note", "record_verifications", "set_detail_once",
                  "add_detail_entries", "lease_repair", "record_visit", "record_release_result", "finish_operation"}
 
 
 # the gaps between two calls where a crash or a lost answer leaves the most behind, drawn more often
 GAPS = [("lost", "offboard"), ("kill", "handover"), ("lost", "handover"), ("kill", "note"), ("lost", "drain"),
-        ("kill", "release"), ("lost", "return_to_service"), ("kill", "acquire_domain"), ("lost", "upgrade"),
-        ("kill", "record_verification"), ("lost", "start_check")]
+        ("kill", "release"), ("lost", "return_to_service"), ("kill", "acquire_domain"), ("lost", "upgrade_hosts"),
+        ("kill", "record_verifications"), ("lost", "start_checks")]
 
 
 TALLY = {"examples": 0, "checks": 0}
@@ -189,9 +189,6 @@ class Railyard(RuleBasedStateMachine):
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
         self.clock = Clock()
-        # a step's hosts launched one after another, in order: side by side, the order in which threads draw the
-        # simulator's failures and reach an armed fault would differ between a schedule and its replay
-        railyard.operations.stop.LAUNCH_AT_ONCE = 1
         self.sim = SimEngine(CFG, None, clock=self.clock)
         # the ledger's wall clock (a waiter's place in line lasts WAITER_TTL_S of it) is the model's, so that a
         # schedule decides the same however long its steps take to run (Hypothesis replays a schedule to shrink
@@ -207,19 +204,19 @@ class Railyard(RuleBasedStateMachine):
         self.log: list[tuple[str, dict[str, Any]]] = []  # the rules run, in order (`traced`)
         self.depth = 0
         self.installs: dict[tuple[str, str, str, str], int] = {}  # (op, host, component, version) -> installs
-        upgrade = self.sim.upgrade
+        upgrade_hosts = self.sim.upgrade_hosts
 
-        def counted(host: str, steps: Any, op: str) -> Any:  # what each upgrade call installed on its host
-            before = {k: n for k, n in self.sim._installs.items() if k[0] == host}
+        def counted(work: dict[str, Any], op: str) -> Any:  # what each upgrade call installed, host by host
+            before = dict(self.sim._installs)
             try:
-                return upgrade(host, steps, op)
-            finally:  # only `host`'s: another host's install is its own call's to count
+                return upgrade_hosts(work, op)
+            finally:
                 for (h, c, v), n in self.sim._installs.items():
-                    if h == host and n > before.get((h, c, v), 0):
+                    if h in work and n > before.get((h, c, v), 0):
                         key = (op, h, c, v)
                         self.installs[key] = self.installs.get(key, 0) + n - before.get((h, c, v), 0)
 
-        self.sim.upgrade = counted  # type: ignore[method-assign]
+        self.sim.upgrade_hosts = counted  # type: ignore[method-assign]
 
     def dump(self) -> None:
         if TRACE:
@@ -539,7 +536,6 @@ class Railyard(RuleBasedStateMachine):
         finally:
             self.ledger.dispose()
             self.sim.close()
-            railyard.operations.stop.LAUNCH_AT_ONCE = LAUNCH_AT_ONCE
 
 
 EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))

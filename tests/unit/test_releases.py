@@ -53,11 +53,12 @@ class Recorder:
     def __getattr__(self, name):  # noqa: ANN001, ANN204
         return getattr(self.engine, name)
 
-    def upgrade(self, host, steps, op):  # noqa: ANN001, ANN201
-        self.calls.append((host, [(s.component, s.version) for s in steps]))
-        hit = self.bad is not None and any((s.component, s.version) == self.bad for s in steps)
-        self.engine.settings(upgrade_fail_rate=1.0 if hit else 0.0)
-        return self.engine.upgrade(host, steps, op)
+    def upgrade_hosts(self, work, op):  # noqa: ANN001, ANN201
+        for host, steps in work.items():  # one host at a time, each at its own failure rate
+            self.calls.append((host, [(s.component, s.version) for s in steps]))
+            hit = self.bad is not None and any((s.component, s.version) == self.bad for s in steps)
+            self.engine.settings(upgrade_fail_rate=1.0 if hit else 0.0)
+            self.engine.upgrade_hosts({host: steps}, op)
 
 
 def world(tmp_path, data: dict, bad: tuple[str, str] | None = None):

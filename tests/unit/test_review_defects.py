@@ -208,10 +208,10 @@ def test_one_repair_that_cannot_go_through_the_gate_does_not_starve_the_others(t
         def __getattr__(self, name: str):  # noqa: ANN204
             return getattr(self.inner, name)
 
-        def upgrade(self, host: str, steps, op: str) -> None:  # noqa: ANN001
-            if host == self.host:
-                raise FleetError(f"{host}: install agent not answering")
-            self.inner.upgrade(host, steps, op)
+        def upgrade_hosts(self, work: dict, op: str) -> None:
+            if self.host in work:
+                raise FleetError(f"{self.host}: install agent not answering")
+            self.inner.upgrade_hosts(work, op)
 
     out = gate_repaired(cfg, BrokenFor(fleet, "ha1"), ledger, sleep=clock.advance, clock=clock, say=lambda m: None)
     assert out["returned"] == ["ha2", "ha3", "ha4"], out  # ha1's repair is listed first, and failed

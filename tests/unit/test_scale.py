@@ -230,3 +230,65 @@ def test_the_poll_interval_is_set_in_the_config_with_a_default_per_backend() -> 
             parse_config(data)
         (problem,) = exc.value.problems  # one line that names the field, says why, and shows the value
         assert problem.startswith("fleet.poll_s: ") and why in problem and problem.endswith(f"(value: {bad!r})")
+
+
+class Calls:
+    """`inner` with every public call counted by name (the reads and writes a stop makes)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.count = inner, Counter[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.inner, name)
+        if name.startswith("_") or not callable(fn):
+            return fn
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            self.count[name] += 1
+            return fn(*a, **kw)
+        return counted
+
+
+def stop_calls(tmp_path: Path, hosts: int) -> tuple[Counter[str], Counter[str], dict[str, Any]]:
+    """One full stop of a domain of `hosts` hosts (of three), over the in-process simulator and a fake clock:
+    the fleet's and the ledger's calls, by name, and what the stop returned."""
+    from railyard.operations.stop import Stop
+    from tests.unit.test_stop import wait_checkpoints
+
+    cfg = parse_config({
+        "components": [{"name": DRV, "reboot": True, "duration_s": 300}, {"name": FM, "duration_s": 60}],
+        "releases": [{"id": "drv", "component": DRV, "version": NEW}, {"id": "fm", "component": FM, "version": NEW}],
+        "domains": [{"name": f"pod-{c}", "hosts": f"h{c}[1-{hosts}]"} for c in "abc"],
+        "trains": [{"id": "t", "releases": ["drv", "fm"]}],
+        "buffers": {"maintenance": {"hosts": hosts}, "failure": {"fraction": 0.05}},
+        "timeouts": {"poll_s": 0.25, "drain_s": 60, "upgrade_s": 120, "check_s": 60, "return_s": 60},
+        "simulator": {"speed": 60, "seed": 3, "initial_versions": {DRV: "550.1", FM: "550.1"},
+                      "upgrade_fail_rate": 0.0, "check_fail_rate": 0.0, "host_failure_per_hour": 0.0,
+                      "jobs": {"count": max(1, 3 * hosts // 8), "hosts_per_job": 4, "checkpoint_interval_s": 1800,
+                               "checkpoint_duration_s": 30}},
+    })
+    clock = Clock()
+    fleet = Calls(SimEngine(cfg, None, clock=clock))
+    ledger = Calls(Ledger(f"sqlite:///{tmp_path}/ledger-{hosts}.db"))
+    s = Stop(config=cfg, train=cfg.train("t"), domain=cfg.domain("pod-a"), op_id="t/r1/pod-a", fleet=fleet,  # type: ignore[arg-type]
+             ledger=ledger, sleep=clock.advance, clock=clock, say=lambda _m: None)  # type: ignore[arg-type]
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    s.check()
+    out = s.return_hosts()
+    ledger.inner.dispose()
+    return fleet.count, ledger.count, out
+
+
+def test_a_stops_calls_to_the_fleet_and_the_ledger_do_not_grow_with_its_domain(tmp_path: Path) -> None:
+    """A domain of 512 hosts costs the stop the same calls as one of 8: the domain's upgrades and checks
+    start in one call each, reads ask for the domain at once, verdicts are written together."""
+    small_fleet, small_ledger, small = stop_calls(tmp_path, 8)
+    large_fleet, large_ledger, large = stop_calls(tmp_path, 512)
+    assert (small, large) == ({"returned": 8, "offboarded": []}, {"returned": 512, "offboarded": []})
+    assert large_fleet == small_fleet, large_fleet - small_fleet
+    assert large_ledger == small_ledger, large_ledger - small_ledger
+    assert small_fleet["upgrade_hosts"] == small_fleet["start_checks"] == 1
+    assert small_fleet["upgrade"] == small_fleet["start_check"] == 0

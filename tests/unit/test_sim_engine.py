@@ -376,3 +376,70 @@ def test_a_db_from_another_fleet_is_refused(tmp_path: Path, clock: FakeClock) ->
     other["domains"] = [{"name": "pod-z", "hosts": ["gpu-z1", "gpu-z2", "gpu-z3", "gpu-z4"]}]
     with pytest.raises(FleetError, match="different fleet"):
         SimEngine(parse_config(other), db, clock=clock)
+
+
+def test_a_change_saves_only_the_rows_it_changed(tmp_path: Path, clock: FakeClock) -> None:
+    """A drain of one host writes that host's row (and the jobs it moved), not every host's."""
+    import sqlite3
+
+    db = str(tmp_path / "sim.db")
+    sim = SimEngine(small_config(), db, clock=clock)
+    written: list[tuple[str, str]] = []
+    save = sim._store.save  # type: ignore[union-attr]
+
+    def recorded(world, t, rows):  # noqa: ANN001, ANN202
+        if world is not None:
+            written.extend((kind, key) for kind, key, _ in world[1])
+        return save(world, t, rows)
+
+    sim._store.save = recorded  # type: ignore[union-attr, method-assign]
+    idle = {h.name for h in sim.hosts() if sim._hosts[h.name].job is None}
+    host = sorted(idle)[0]
+    sim.drain([host], "op-1")
+    assert [k for k in written if k[0] == "hosts"] == [("hosts", host)]
+    sim.close()
+    stored = sqlite3.connect(db).execute("SELECT count(*) FROM items WHERE kind = 'hosts'").fetchone()[0]
+    assert stored == len(sim.config.host_domain())
+
+
+def test_a_database_of_snapshot_version_1_is_still_read(tmp_path: Path, clock: FakeClock) -> None:
+    """Version 1 kept the hosts, jobs and checks inside the world row: the next start reads it as it was."""
+    import json
+    import sqlite3
+
+    db = str(tmp_path / "sim.db")
+    first = SimEngine(small_config(), db, clock=clock)
+    drained(first, clock, ["gpu-a1"], "op-1")
+    first.close()
+    conn = sqlite3.connect(db)
+    world = json.loads(conn.execute("SELECT data FROM world").fetchone()[0])
+    for kind in ("hosts", "jobs", "checks"):
+        world[kind] = [json.loads(d) for (d,) in conn.execute("SELECT data FROM items WHERE kind = ?", (kind,))]
+    world["version"] = 1
+    with conn:
+        conn.execute("UPDATE world SET data = ?", (json.dumps(world),))
+        conn.execute("DELETE FROM items")
+    second = SimEngine(small_config(), db, clock=clock)
+    a1 = second.hosts(["gpu-a1"])[0]
+    assert (a1.state, a1.operation) == (HostState.DRAINED, "op-1")
+    drained(second, clock, ["gpu-b1"], "op-2")  # its first change writes the world in rows
+    second.close()
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM items WHERE kind = 'hosts'").fetchone()[0] == 16
+    third = SimEngine(small_config(), db, clock=clock)
+    assert [(h.state, h.operation) for h in third.hosts(["gpu-a1", "gpu-b1"])] == [
+        (HostState.DRAINED, "op-1"), (HostState.DRAINED, "op-2")]
+    third.close()
+
+
+def test_a_bulk_upgrade_starts_every_host_it_can_and_names_the_one_refused(sim: SimEngine, clock: FakeClock) -> None:
+    drained(sim, clock, POD_A[:3], "op-1")
+    steps = [Step(component=c, version=v) for c, v in TARGETS.items()]
+    with pytest.raises(FleetError, match="gpu-a4"):
+        sim.upgrade_hosts({h: steps for h in POD_A}, "op-1")
+    assert [h.state for h in sim.hosts(POD_A)] == [HostState.UPGRADING] * 3 + [HostState.SERVING]
+    clock.fleet(3600)
+    with pytest.raises(FleetError, match="gpu-a4"):
+        sim.start_checks({h: TARGETS for h in POD_A}, "op-1")
+    assert [h.state for h in sim.hosts(POD_A)] == [HostState.CHECKING] * 3 + [HostState.SERVING]
+    with pytest.raises(FleetNotFound, match="gpu-zz"):
+        sim.start_checks({"gpu-zz": TARGETS}, "op-1")

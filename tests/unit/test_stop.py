@@ -543,49 +543,35 @@ def test_a_train_comes_back_for_a_domain_an_emergency_took_over(tmp_path):
     assert fleet.audit()["unverified_returns"] == [] and fleet.audit()["refusals"] == []
 
 
-def test_a_domains_installs_and_checks_are_launched_side_by_side(tmp_path):
-    """Each launch is slow here (an SSH connection is); the domain's four start together, not in turn."""
-    import threading
-    import time as _time
-
+def test_a_domains_installs_and_checks_start_in_one_call_each(tmp_path):
+    """The stop hands the fleet the whole domain at once (the fleet fans out by its own means: one request,
+    a pool of SSH connections, a hostlist); it never calls the fleet once per host."""
     cfg, clock, fleet, ledger, _stop = world(tmp_path)
-    seen = {"now": 0, "most": 0}
-    lock = threading.Lock()
+    calls: list[tuple[str, list[str]]] = []
 
-    class SlowLaunches:
+    class Recorded:
         def __init__(self, inner):  # noqa: ANN001
             self.inner = inner
 
         def __getattr__(self, name):  # noqa: ANN001, ANN204
-            return getattr(self.inner, name)
+            fn = getattr(self.inner, name)
+            if name not in ("upgrade", "start_check", "upgrade_hosts", "start_checks"):
+                return fn
 
-        def _slow(self, fn, *a):  # noqa: ANN001, ANN202
-            with lock:
-                seen["now"] += 1
-                seen["most"] = max(seen["most"], seen["now"])
-            _time.sleep(0.3)
-            try:
-                return fn(*a)
-            finally:
-                with lock:
-                    seen["now"] -= 1
-
-        def upgrade(self, *a):  # noqa: ANN001, ANN202
-            return self._slow(self.inner.upgrade, *a)
-
-        def start_check(self, *a):  # noqa: ANN001, ANN202
-            return self._slow(self.inner.start_check, *a)
+            def recorded(first, *a):  # noqa: ANN001, ANN202
+                calls.append((name, sorted(first) if isinstance(first, dict) else [first]))
+                return fn(first, *a)
+            return recorded
 
     s = Stop(config=cfg, train=cfg.train("t"), domain=cfg.domain("pod-a"), op_id="t/run1/pod-a",
-             fleet=SlowLaunches(fleet), ledger=ledger, sleep=clock.advance, clock=clock)
+             fleet=Recorded(fleet), ledger=ledger, sleep=clock.advance, clock=clock)
     assert s.take().granted
     wait_checkpoints(s, clock)
     s.drain()
     s.upgrade()
-    assert seen["most"] == 4
-    seen["most"] = 0
     out = s.check()
-    assert seen["most"] == 4 and out["passed"] == 4
+    assert calls == [("upgrade_hosts", ["ha1", "ha2", "ha3", "ha4"]), ("start_checks", ["ha1", "ha2", "ha3", "ha4"])]
+    assert out["passed"] == 4
     assert s.return_hosts()["returned"] == 4
 
 

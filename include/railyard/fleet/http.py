@@ -120,14 +120,19 @@ class HttpFleet:
     def hosts(self, names: list[str] | None = None) -> list[Host]:
         if names is not None and not names:
             return []
-        params = None if names is None else {"names": ",".join(names)}
-        return self._parse(_HOSTS, self._call("GET", "/v1/hosts", params=params, raw=True), "/v1/hosts")
+        if names is None:
+            return self._parse(_HOSTS, self._call("GET", "/v1/hosts", raw=True), "/v1/hosts")
+        # by name in a body: a domain's names (thousands) do not fit in a URL
+        content = self._call("POST", "/v1/hosts/query", body={"names": list(names)}, raw=True)
+        return self._parse(_HOSTS, content, "/v1/hosts/query")
 
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         if hosts is not None and not hosts:
             return []
-        params = None if hosts is None else {"hosts": ",".join(hosts)}
-        return self._parse(_JOBS, self._call("GET", "/v1/jobs", params=params, raw=True), "/v1/jobs")
+        if hosts is None:
+            return self._parse(_JOBS, self._call("GET", "/v1/jobs", raw=True), "/v1/jobs")
+        content = self._call("POST", "/v1/jobs/query", body={"names": list(hosts)}, raw=True)
+        return self._parse(_JOBS, content, "/v1/jobs/query")
 
     def request_checkpoint(self, job_ids: list[str]) -> float:
         return float(self._call("POST", "/v1/jobs/checkpoint", body={"jobs": list(job_ids)})["requested_at"])
@@ -137,18 +142,26 @@ class HttpFleet:
             self._call("POST", "/v1/hosts/drain", body={"hosts": list(hosts), "op": op})
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
-        body = {"steps": [s.model_dump() if isinstance(s, Step) else dict(s) for s in steps], "op": op}
-        if body["steps"]:
-            self._call("POST", f"/v1/hosts/{_seg(host)}/upgrade", body=body)
+        self.upgrade_hosts({host: steps}, op)
+
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        hosts = {h: [s.model_dump() if isinstance(s, Step) else dict(s) for s in steps]
+                 for h, steps in work.items() if steps}
+        if hosts:
+            self._call("POST", "/v1/hosts/upgrade", body={"hosts": hosts, "op": op})
 
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult:
         data = self._call("POST", f"/v1/hosts/{_seg(host)}/check", body={"expected": dict(expected), "op": op})
         return CheckResult.model_validate(data)
 
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        if expected:
+            self._call("POST", "/v1/hosts/check", body={"hosts": {h: dict(e) for h, e in expected.items()}, "op": op})
+
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         if not hosts:
             return []
-        data = self._call("GET", "/v1/checks", params={"hosts": ",".join(hosts), "op": op})
+        data = self._call("POST", "/v1/checks/query", body={"hosts": list(hosts), "op": op})
         return [CheckResult.model_validate(c) for c in data]
 
     def return_to_service(self, hosts: list[str], op: str) -> None:

@@ -85,6 +85,14 @@ class ReadOnce:
         self.forget()
         return self.fleet.start_check(host, expected, op)
 
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        self.forget()
+        self.fleet.upgrade_hosts(work, op)
+
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        self.forget()
+        self.fleet.start_checks(expected, op)
+
     def return_to_service(self, hosts: list[str], op: str) -> None:
         self.forget()
         self.fleet.return_to_service(hosts, op)

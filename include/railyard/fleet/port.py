@@ -42,6 +42,15 @@ class Fleet(Protocol):
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
         """Start the deep health check of a drained host against the expected versions."""
 
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        """`upgrade` for many hosts (a domain's) in one call: host -> steps. Every host is started, each by
+        the fleet's own fan-out (one request, a bounded pool of connections, hostlists); a host refused does
+        not stop the others, and the first refusal is raised once every host was tried."""
+
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        """`start_check` for many hosts in one call (host -> expected versions), as `upgrade_hosts` does;
+        the checks are then read with `check_results`."""
+
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]: ...
 
     def return_to_service(self, hosts: list[str], op: str) -> None: ...

@@ -200,22 +200,35 @@ class Records(LedgerBase):
     # ---- records -----------------------------------------------------------------------------
     def record_verification(self, op_id: str, host: str, passed: bool, versions: dict[str, str],
                             reason: str | None) -> None:
+        self.record_verifications(op_id, [(host, passed, versions, reason)])
+
+    def record_verifications(self, op_id: str, verdicts: list[tuple[str, bool, dict[str, str], str | None]]) -> None:
+        """Each (host, passed, versions, reason) of a check, replacing the host's earlier one for `op_id`; a
+        domain's in one transaction, each with its audit row."""
+        if not verdicts:
+            return
+        now = self.clock()
         with self.engine.begin() as c:
-            c.execute(verifications.delete().where(verifications.c.op_id == op_id, verifications.c.host == host))
-            c.execute(
-                insert(verifications).values(
-                    op_id=op_id, host=host, passed=int(passed), versions=json.dumps(versions, sort_keys=True),
-                    reason=reason, at=self.clock(),
-                )
-            )
-            _audit(c, self.clock(), "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "")
+            c.execute(verifications.delete().where(verifications.c.op_id == op_id,
+                                                   verifications.c.host.in_([v[0] for v in verdicts])))
+            c.execute(insert(verifications), [
+                {"op_id": op_id, "host": host, "passed": int(passed), "versions": json.dumps(versions, sort_keys=True),
+                 "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
+            for host, passed, _versions, reason in verdicts:
+                _audit(c, now, "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "")
 
     def verification(self, op_id: str, host: str) -> tuple[bool, dict[str, str], str | None] | None:
+        return self.verifications(op_id, [host]).get(host)
+
+    def verifications(self, op_id: str, hosts: list[str] | None = None
+                      ) -> dict[str, tuple[bool, dict[str, str], str | None]]:
+        """host -> (passed, versions, reason) of `op_id`'s latest check (of `hosts` only, when given); one query."""
+        q = select(verifications).where(verifications.c.op_id == op_id)
+        if hosts is not None:
+            q = q.where(verifications.c.host.in_(list(hosts)))
         with self.engine.connect() as c:
-            r = c.execute(
-                select(verifications).where(verifications.c.op_id == op_id, verifications.c.host == host)
-            ).first()
-        return None if r is None else (bool(r.passed), json.loads(r.versions), r.reason)
+            rows = c.execute(q).all()
+        return {r.host: (bool(r.passed), json.loads(r.versions), r.reason) for r in rows}
 
     def detail(self, op_id: str) -> dict[str, Any]:
         op = self.operation(op_id)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +30,6 @@ from railyard.ledger import Decision, Ledger
 from railyard.operations import releases
 
 log = logging.getLogger("railyard.stop")
-LAUNCH_AT_ONCE = 32  # hosts whose install or check is launched side by side (SSH: one connection each)
 TEND_EVERY_S = 5.0  # how often a waiting step relaunches its own detached work that is not running
 
 
@@ -157,21 +155,6 @@ class Stop:
                 "(the capacity wait must grant the domain first)"
             )
         return held
-
-    @staticmethod
-    def _each(names: list[str], launch: Callable[[str], object]) -> None:
-        """`launch(host)` for every host side by side: a domain's installs and checks start together,
-        not one host (one SSH connection) after another. Every launch is tried; then the first error
-        is raised."""
-        if len(names) <= 1:
-            for n in names:
-                launch(n)
-            return
-        with ThreadPoolExecutor(max_workers=min(LAUNCH_AT_ONCE, len(names))) as pool:
-            errors = [f.exception() for f in [pool.submit(launch, n) for n in names]]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
 
     def _wait(self, what: str, timeout: float, probe: Callable[[], tuple[bool, str]]) -> None:
         deadline = self.clock() + timeout
@@ -532,7 +515,8 @@ class Stop:
                 for h in self._drained_again([n for n in held if n in mine])
                 if h.state == HostState.DRAINED and h.last_error is None}
         started = [n for n, steps in work.items() if steps]
-        self._each(started, lambda n: self.fleet.upgrade(n, work[n], self.op_id))
+        if started:  # one call for the domain: the fleet fans out by its own means
+            self.fleet.upgrade_hosts({n: work[n] for n in started}, self.op_id)
         if started:
             self.ledger.note(self.op_id, "upgrade", started, _fmt_targets(self.targets), actor=self.actor)
 
@@ -568,8 +552,10 @@ class Stop:
         todo_hosts = {h.name: h for h in now if h.state in (HostState.DRAINED, HostState.CHECKING)}
         todo = list(todo_hosts)
         expect = {n: self.expected(h) for n, h in todo_hosts.items()}
-        start = [n for n in todo if n in mine and self.ledger.verification(self.op_id, n) is None]
-        self._each(start, lambda n: self.fleet.start_check(n, expect[n], self.op_id))
+        checked = self.ledger.verifications(self.op_id, todo)
+        start = [n for n in todo if n in mine and n not in checked]
+        if start:
+            self.fleet.start_checks({n: expect[n] for n in start}, self.op_id)
 
         def probe() -> tuple[bool, str]:
             res = self.fleet.check_results(todo, self.op_id) if todo else []
@@ -578,8 +564,9 @@ class Stop:
             return not pending, f"health checks passed {passed}/{len(todo)} ({len(pending)} running)"
 
         self._wait("health check", self.timeouts.check_s, probe)
-        failed: list[str] = []
         still = set(self.held())  # an emergency may have taken some over meanwhile
+        verdicts: list[tuple[str, bool, str | None]] = []  # host, passed, reason
+        versions: dict[str, dict[str, str]] = {}
         for r in self.fleet.check_results(todo, self.op_id) if todo else []:
             if r.host not in still:
                 continue
@@ -590,12 +577,19 @@ class Stop:
             if broken:  # a half-done install of a crashed run: never back in service in that mix
                 seen = ", ".join(f"{c}={r.versions.get(c, '-')}" for c in broken[0].components)
                 ok, reason = False, f"versions break the rule {broken[0].text!r}: {seen}"
-            self.ledger.record_verification(self.op_id, r.host, ok, r.versions, r.reason if ok else reason)
-            if want == self.targets_for(r.host):  # a check at versions no release brought is no release outcome
-                record_outcome(self, r.host, ok, reason)
+            verdicts.append((r.host, ok, r.reason if ok else reason))
+            versions[r.host] = dict(r.versions)
+        # the domain's verdicts in one write; then each failure goes to repair (a crash between the two: the
+        # next run of this step, or the return, finds the failed verdict and offboards the host)
+        self.ledger.record_verifications(self.op_id, [(h, ok, versions[h], why) for h, ok, why in verdicts])
+        failed: list[str] = []
+        for host, ok, why in verdicts:
+            reason = why or ""
+            if expect.get(host, self.targets_for(host)) == self.targets_for(host):
+                record_outcome(self, host, ok, reason)  # a check at versions no release brought is no outcome
             if not ok:
-                self.offboard(r.host, f"health check failed: {reason}", known)
-                failed.append(r.host)
+                self.offboard(host, f"health check failed: {reason}", known)
+                failed.append(host)
         self.halt_if_failing()
         return {"checked": len(todo), "passed": len(todo) - len(failed), "offboarded": failed}
 
@@ -618,9 +612,10 @@ class Stop:
         # a component the host does not report is expected at its target: the check then fails (closed)
         return {c: host.versions.get(c, v) for c, v in targets.items()}
 
-    def verified(self, host: Host) -> bool:
-        """A passing check recorded for this op, and the host still at the versions it saw."""
-        v = self.ledger.verification(self.op_id, host.name)
+    def verified(self, host: Host, known: dict[str, tuple[bool, dict[str, str], str | None]] | None = None) -> bool:
+        """A passing check recorded for this op, and the host still at the versions it saw. `known`: the op's
+        verifications, read once for a domain (`ledger.verifications`)."""
+        v = known.get(host.name) if known is not None else self.ledger.verification(self.op_id, host.name)
         if v is None or not v[0]:
             return False
         seen = v[1]
@@ -650,7 +645,8 @@ class Stop:
         self._settle_repairs(hosts)
         held = self.held()
         hosts = [h for h in hosts if h.name in set(held)]
-        unverified = [h for h in hosts if h.state == HostState.DRAINED and not self.verified(h)]
+        known = self.ledger.verifications(self.op_id)
+        unverified = [h for h in hosts if h.state == HostState.DRAINED and not self.verified(h, known)]
         seen = set(self.offboarded())
         for h in unverified:
             if h.last_error:
@@ -664,7 +660,8 @@ class Stop:
             self._wait("drain before return", self.timeouts.drain_s,
                        lambda: (all(h.state != HostState.DRAINING for h in self.fleet.hosts(held)), "draining"))
         hosts = self.fleet.hosts(held)
-        back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h)]
+        known = self.ledger.verifications(self.op_id)
+        back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
         stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in back]
         seen = set(self.offboarded())
         for name in stray:  # drained, not verified and not checkable: never returned unverified

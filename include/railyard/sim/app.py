@@ -56,6 +56,10 @@ class Now(Body):
     now: float = Field(description="fleet clock, seconds")
 
 
+class Count(Body):
+    hosts: int = Field(description="hosts the call started (or found already started)")
+
+
 class Health(Body):
     ok: bool
     now: float
@@ -81,6 +85,27 @@ class UpgradeRequest(Body):
 
 class CheckRequest(Body):
     expected: dict[Token, Token] = Field(description="component -> version the host must run")
+    op: OpId
+
+
+class UpgradesRequest(Body):
+    hosts: dict[Token, list[Step]] = Field(min_length=1, description="host -> components to bring to versions, "
+                                                                   "in order (a domain's hosts in one call)")
+    op: OpId
+
+
+class ChecksRequest(Body):
+    hosts: dict[Token, dict[Token, Token]] = Field(min_length=1, description="host -> component -> version it "
+                                                                             "must run (a domain's hosts in one call)")
+    op: OpId
+
+
+class NamesQuery(Body):
+    names: list[Token] = Field(description="host names (a domain's may be thousands: too many for a URL)")
+
+
+class ChecksQuery(Body):
+    hosts: list[Token] = Field(description="host names")
     op: OpId
 
 
@@ -214,6 +239,33 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike[str] |
     return token
 
 
+def _bulk(v1: APIRouter, engine: SimEngine) -> None:
+    """A domain's work in one request: reads by names in the body (a URL holds far fewer than a domain's
+    thousands), and the upgrades and checks of many hosts at once."""
+
+    @v1.post("/hosts/query", response_model=list[Host], summary="Hosts by name, the names in the body")
+    def hosts_query(body: NamesQuery) -> Any:
+        return Response(content=engine.hosts_json(body.names), media_type="application/json")
+
+    @v1.post("/jobs/query", response_model=list[Job], summary="Jobs running on any of the hosts in the body")
+    def jobs_query(body: NamesQuery) -> Any:
+        return engine.jobs(body.names)
+
+    @v1.post("/checks/query", response_model=list[CheckResult], summary="Latest check per host for an operation")
+    def checks_query(body: ChecksQuery) -> Any:
+        return engine.check_results(body.hosts, body.op)
+
+    @v1.post("/hosts/upgrade", response_model=Count, summary="Start the upgrades of many drained hosts")
+    def upgrade_hosts(body: UpgradesRequest) -> Any:
+        engine.upgrade_hosts(body.hosts, body.op)
+        return {"hosts": len(body.hosts)}
+
+    @v1.post("/hosts/check", response_model=Count, summary="Start the deep health checks of many drained hosts")
+    def check_hosts(body: ChecksRequest) -> Any:
+        engine.start_checks(body.hosts, body.op)
+        return {"hosts": len(body.hosts)}
+
+
 def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     """The simulator's API over `engine`; with `token`, every path but /healthz needs it (bearer)."""
     app = FastAPI(
@@ -266,6 +318,8 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
         # the engine's own JSON (built once per change of the world), not a model per host per call:
         # a fleet of 76,800 hosts answers in milliseconds instead of seconds
         return Response(content=engine.hosts_json(_names(names, "names")), media_type="application/json")
+
+    _bulk(v1, engine)
 
     @v1.get("/jobs", response_model=list[Job], summary="Jobs running on any of the hosts (all when absent)")
     def jobs(hosts: Annotated[str | None, Query(description="comma-separated host names")] = None) -> Any:

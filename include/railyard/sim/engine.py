@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timezone
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -38,7 +38,7 @@ from railyard.domain.models import (
 from railyard.fleet import FleetNotFound
 from railyard.fleet.port import FleetError
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 1: hosts, jobs and checks inside the world row (still read)
 
 # What a deep health check finds when it fails for a reason other than a wrong version.
 _CHECK_FAILURES: tuple[Callable[[random.Random], str], ...] = (
@@ -65,6 +65,7 @@ _PHASES = ("drain", "upgrade", "check", "return")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass
@@ -147,7 +148,8 @@ class _Check:
 
 
 class _Store:
-    """SQLite persistence: the world as one JSON row, the clock, and append-only audit rows."""
+    """SQLite persistence: the world's hosts, jobs and checks one row each (a save writes only the rows that
+    changed), the rest of the world as one small JSON row, the clock, and append-only audit rows."""
 
     def __init__(self, path: str):
         self.conn = sqlite3.connect(path, check_same_thread=False)
@@ -158,6 +160,10 @@ class _Store:
                 "CREATE TABLE IF NOT EXISTS world (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL)"
             )
             self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS items (kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL, "
+                "PRIMARY KEY (kind, key))"
+            )
+            self.conn.execute(
                 "CREATE TABLE IF NOT EXISTS clock (id INTEGER PRIMARY KEY CHECK (id = 1), t REAL NOT NULL)"
             )
             self.conn.execute(
@@ -166,20 +172,26 @@ class _Store:
             )
 
     def load(self) -> tuple[dict[str, Any] | None, float | None, list[tuple[str, float, dict[str, Any]]]]:
+        """The world as one dict (its hosts, jobs and checks gathered from their rows), the clock, the audit."""
         row = self.conn.execute("SELECT data FROM world WHERE id = 1").fetchone()
         clock = self.conn.execute("SELECT t FROM clock WHERE id = 1").fetchone()
         rows = self.conn.execute("SELECT kind, t, data FROM audit ORDER BY seq").fetchall()
-        return (
-            json.loads(row[0]) if row else None,
-            clock[0] if clock else None,
-            [(k, t, json.loads(d)) for k, t, d in rows],
-        )
+        world: dict[str, Any] | None = json.loads(row[0]) if row else None
+        if world is not None:
+            for kind in _ITEM_KINDS:
+                if kind not in world:  # (a database of snapshot version 1 holds them in the world row)
+                    world[kind] = [json.loads(d) for (d,) in self.conn.execute(
+                        "SELECT data FROM items WHERE kind = ? ORDER BY key", (kind,))]
+        return world, clock[0] if clock else None, [(k, t, json.loads(d)) for k, t, d in rows]
 
-    def save(self, world: str | None, t: float, rows: list[tuple[str, float, dict[str, Any]]]) -> None:
-        """`world` is the snapshot's JSON text (None: unchanged)."""
+    def save(self, world: tuple[str, list[tuple[str, str, str]]] | None, t: float,
+             rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+        """`world`: (the rest's JSON text, the (kind, key, JSON) rows that changed); None: unchanged."""
         with self.conn:
             if world is not None:
-                self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (world,))
+                rest, items = world
+                self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (rest,))
+                self.conn.executemany("INSERT OR REPLACE INTO items (kind, key, data) VALUES (?, ?, ?)", items)
             self.conn.execute("INSERT OR REPLACE INTO clock (id, t) VALUES (1, ?)", (t,))
             self.conn.executemany(
                 "INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)", [(k, tt, json.dumps(d)) for k, tt, d in rows]
@@ -187,6 +199,18 @@ class _Store:
 
     def close(self) -> None:
         self.conn.close()
+
+
+_ITEM_KINDS = ("hosts", "jobs", "checks")
+
+
+def _frozen(value: Any) -> Any:
+    """A field's value as something compared by value later, whatever is mutated in place meanwhile."""
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _locked(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concatenate[SimEngine, P], R]:
@@ -243,6 +267,8 @@ class SimEngine:
         self._derived: dict[str, tuple[int, Any]] = {}
         self._names: list[str] = []  # host names, sorted (hosts are fixed by the config)
         self._host_json: dict[str, tuple[tuple[Any, ...], str, str]] = {}  # name -> (fields, snapshot, API JSON)
+        self._parts: dict[tuple[str, str], tuple[Any, str]] = {}  # (kind, key) -> (fields, JSON): jobs, checks
+        self._saved_parts: dict[tuple[str, str], str] = {}  # (kind, key) -> the JSON text last saved
         self._saved_t: float | None = None
 
         world, clock_t, rows = self._store.load() if self._store else (None, None, [])
@@ -320,19 +346,29 @@ class SimEngine:
 
     @_locked
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
+        self.upgrade_hosts({host: steps}, op)
+
+    @_locked
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        """Start the upgrades of many drained hosts in one call, in the order given; a host refused does
+        not stop the others, and the first refusal is raised once every host was tried."""
         self._check_op(op)
-        h = self._host(host)
-        steps = [s if isinstance(s, Step) else Step.model_validate(s) for s in steps]
-        for s in steps:
-            if s.component not in self._components:
-                raise FleetError(f"cannot upgrade {host}: unknown component {s.component!r}")
+        checked = {self._host(n).name: [s if isinstance(s, Step) else Step.model_validate(s) for s in steps]
+                   for n, steps in work.items()}
+        for host, steps in checked.items():
+            for s in steps:
+                if s.component not in self._components:
+                    raise FleetError(f"cannot upgrade {host}: unknown component {s.component!r}")
+        self._each(checked, lambda host, steps: self._upgrade_one(self._hosts[host], steps, op))
+
+    def _upgrade_one(self, h: _Host, steps: list[Step], op: str) -> None:
         if h.state == HostState.UPGRADING and h.operation == op:
             return  # re-attach to the upgrade in flight
         todo = [s for s in steps if h.versions.get(s.component) != s.version]
         if not todo and h.operation == op and h.state in MAINTENANCE_STATES:
             return
         if h.state != HostState.DRAINED or h.operation != op:
-            raise self._refuse(h, op, f"cannot upgrade {host}: {self._describe(h)}; "
+            raise self._refuse(h, op, f"cannot upgrade {h.name}: {self._describe(h)}; "
                                       f"it must be drained and held by {op}")
         if not todo:
             return
@@ -354,27 +390,49 @@ class SimEngine:
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult:
         """Start a deep check; a repeat for the same (host, op, expected) returns the existing check
         while the host's versions have not changed since it started."""
+        self.start_checks({host: expected}, op)
+        return self._checks[(self._host(host).name, op)].public()
+
+    @_locked
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        """`start_check` for many hosts in one call, in the order given; a host refused does not stop
+        the others, and the first refusal is raised once every host was tried."""
         self._check_op(op)
-        h = self._host(host)
-        for comp, version in expected.items():
-            self._token(comp, "component")
-            self._token(version, "version")
+        checked = {self._host(n).name: dict(want) for n, want in expected.items()}
+        for want in checked.values():
+            for comp, version in want.items():
+                self._token(comp, "component")
+                self._token(version, "version")
+        self._each(checked, lambda host, want: self._check_one(self._hosts[host], want, op))
+
+    def _check_one(self, h: _Host, expected: dict[str, str], op: str) -> None:
         existing = self._checks.get((h.name, op))
         if (
             existing is not None
             and existing.expected == expected
             and (existing.status == "pending" or existing.versions_at_start == h.versions)
         ):
-            return existing.public()
+            return
         if h.state != HostState.DRAINED or h.operation != op:
-            raise self._refuse(h, op, f"cannot check {host}: {self._describe(h)}; it must be drained and held by {op}")
+            raise self._refuse(h, op, f"cannot check {h.name}: {self._describe(h)}; "
+                                      f"it must be drained and held by {op}")
         self._dirty = True
-        check = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t,
-                       versions_at_start=dict(h.versions))
-        self._checks[(h.name, op)] = check
+        self._checks[(h.name, op)] = _Check(host=h.name, op=op, expected=dict(expected), started_at=self._t,
+                                            versions_at_start=dict(h.versions))
         h.state, h.until = HostState.CHECKING, self._t + self.sim.check_s
         self._phase(op, h.domain, "check", start=self._t)
-        return check.public()
+
+    @staticmethod
+    def _each(work: dict[str, T], start: Callable[[str, T], None]) -> None:
+        """`start(host, what)` for every host; the first refusal is raised after the last host was tried."""
+        first: FleetError | None = None
+        for host, what in work.items():
+            try:
+                start(host, what)
+            except FleetError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     @_locked
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
@@ -728,13 +786,15 @@ class SimEngine:
         if order is None and self._derived.get("placed", (-1, None))[0] == self._gen:
             return  # nothing changed since the last try placed nothing
         names = order or self._names
+        # the free hosts, in order, found once: each job placed takes the first ones still free
+        free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
         for job in pending:
-            free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
             need = job.size or self.sim.jobs.hosts_per_job
             if len(free) < need:
                 continue
             self._dirty = True
             job.hosts, job.state, job.last_checkpoint = free[:need], "running", self._t  # resumes from its checkpoint
+            del free[:need]
             self._placements.append({"job": job.id, "at": self._t, "hosts": need})
             for n in job.hosts:
                 self._hosts[n].job = job.id
@@ -776,11 +836,28 @@ class SimEngine:
         self._place_pending(order=names[offset:] + names[:offset])  # jobs straddle two domains
         self._dirty = True
 
-    def _snapshot(self) -> str:
-        """The world as JSON text. Each host's part is kept between snapshots and redone only when the
-        host changed: a 76,800-host fleet is re-serialised in a tenth of a second, not four."""
-        rest = json.dumps(self._snapshot_rest())
-        return rest[:-1] + ', "hosts": [' + ", ".join(part[0] for part in self._host_parts()) + "]}"
+    def _snapshot(self) -> tuple[str, list[tuple[str, str, str]]]:
+        """The world to save: the rest as JSON text, and the (kind, key, JSON) row of every host, job and check
+        that changed since the last save. Each part is kept between snapshots and redone only when its object
+        changed: a change to a 76,800-host fleet writes the hosts it changed, not 17 MB."""
+        rows: list[tuple[str, str, str]] = []
+        parts = [("hosts", name, part[0]) for name, part in zip(self._names, self._host_parts(), strict=True)]
+        parts += [("jobs", k, self._part("jobs", k, self._jobs[k])) for k in sorted(self._jobs)]
+        parts += [("checks", key, self._part("checks", key, c))
+                  for key, c in ((f"{h}\t{op}", c) for (h, op), c in self._checks.items())]
+        for kind, key, text in parts:
+            if self._saved_parts.get((kind, key)) is not text:
+                rows.append((kind, key, text))
+                self._saved_parts[(kind, key)] = text
+        return json.dumps(self._snapshot_rest()), rows
+
+    def _part(self, kind: str, key: str, obj: Any) -> str:
+        """`obj`'s JSON (a dataclass's fields), redone only when a field changed since the last call."""
+        fields = _frozen(vars(obj))
+        hit = self._parts.get((kind, key))
+        if hit is None or hit[0] != fields:
+            hit = self._parts[(kind, key)] = (fields, json.dumps(vars(obj)))
+        return hit[1]
 
     def _host_parts(self) -> list[tuple[str, str]]:
         """Per host, sorted by name: (its snapshot JSON, its API JSON), each redone only when the host
@@ -801,8 +878,6 @@ class SimEngine:
         return {
             "version": SNAPSHOT_VERSION,
             "t": self._t,
-            "jobs": [asdict(self._jobs[k]) for k in sorted(self._jobs)],
-            "checks": [asdict(c) for c in self._checks.values()],
             "stops": [{"op": op, "domain": dom, "phases": ph} for (op, dom), ph in self._stops.items()],
             "rates": self._rates,
             "rng": self._rng.getstate(),
@@ -810,7 +885,7 @@ class SimEngine:
 
     def _restore(self, world: dict[str, Any], clock_t: float | None,
                  rows: list[tuple[str, float, dict[str, Any]]]) -> None:
-        if world.get("version") != SNAPSHOT_VERSION:
+        if world.get("version") not in (1, SNAPSHOT_VERSION):
             raise FleetError(f"simulator database has snapshot version {world.get('version')!r}, "
                              f"expected {SNAPSHOT_VERSION}")
         stored = {h["name"] for h in world["hosts"]}

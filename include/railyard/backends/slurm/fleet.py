@@ -616,36 +616,64 @@ class SlurmFleet:
             self._note("requeue", job=jid, op=op, nodes=take)
         self._clear_checkpoint_requests(jobs=set(victims), nodes=set(take))
 
-    def _require_ours(self, host: str, op: str) -> dict[str, Any]:
-        node = self.enforce_gate().get(host)
+    def _refusal(self, node: dict[str, Any] | None, host: str, op: str) -> FleetError | None:
         if node is None or not self._is_ours(node, op):
-            raise FleetError(f"{host} is not drained by {op} "
-                             f"(reason: {parse.node_reason(node) if node else 'unknown node'!r})")
-        return node
+            return FleetError(f"{host} is not drained by {op} "
+                              f"(reason: {parse.node_reason(node) if node else 'unknown node'!r})")
+        return None
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
-        self._check_hosts([host])
-        if not steps:
+        self.upgrade_hosts({host: steps}, op)
+
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        """One read of the nodes (the health gate's) for the whole domain, then every install launched
+        through the runner's pool; the first refusal is raised once every host was tried."""
+        work = {h: steps for h, steps in work.items() if steps}
+        self._check_hosts(list(work))
+        if not work:
             return
-        node = self._require_ours(host, op)
-        if parse.node_state(node)[0] in _BUSY:
-            raise FleetError(f"{host} still runs jobs; refusing to upgrade it")
+        nodes = self.enforce_gate()
+        refused: list[FleetError] = []
         ssh = self.config.fleet.ssh
-        budget = sum(self.config.component(s.component).timeout_s for s in steps) + 300.0
-        if ssh is not None and any(self.config.component(s.component).reboot for s in steps):
-            budget += ssh.reboot_timeout_s
-        self._update_record(host, upgrade_at=self.now(), budget_s=budget)
-        if isinstance(self.runner, StandinRunner):
-            log.warning("%s: %s", host, STANDIN_WARNING)
-        self.run.upgrade(host, steps, op)
+        start: dict[str, list[Step]] = {}
+        for host, steps in work.items():
+            node = nodes.get(host)
+            bad = self._refusal(node, host, op)
+            if bad is None and node is not None and parse.node_state(node)[0] in _BUSY:
+                bad = FleetError(f"{host} still runs jobs; refusing to upgrade it")
+            if bad is not None:
+                refused.append(bad)
+                continue
+            budget = sum(self.config.component(s.component).timeout_s for s in steps) + 300.0
+            if ssh is not None and any(self.config.component(s.component).reboot for s in steps):
+                budget += ssh.reboot_timeout_s
+            self._update_record(host, upgrade_at=self.now(), budget_s=budget)
+            start[host] = steps
+        if start and isinstance(self.runner, StandinRunner):
+            log.warning("%s: %s", ",".join(start), STANDIN_WARNING)
+        self._launch(self._fan(list(start), lambda h: self.run.upgrade(h, start[h], op)), refused)
 
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
-        self._check_hosts([host])
-        self._require_ours(host, op)
-        if isinstance(self.runner, StandinRunner):
-            log.warning("%s: %s", host, STANDIN_WARNING)
-        self.run.start_check(host, expected, op)
+        self.start_checks({host: expected}, op)
         return None
+
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        self._check_hosts(list(expected))
+        if not expected:
+            return
+        nodes = self.enforce_gate()
+        refused = [bad for h in expected if (bad := self._refusal(nodes.get(h), h, op)) is not None]
+        start = [h for h in expected if self._refusal(nodes.get(h), h, op) is None]
+        if start and isinstance(self.runner, StandinRunner):
+            log.warning("%s: %s", ",".join(start), STANDIN_WARNING)
+        self._launch(self._fan(start, lambda h: self.run.start_check(h, expected[h], op)), refused)
+
+    @staticmethod
+    def _launch(results: dict[str, Any], refused: list[FleetError]) -> None:
+        """The first error of a fan-out of launches (a refusal before it, first of all), once all were tried."""
+        errors = [*refused, *(r for r in results.values() if isinstance(r, BaseException))]
+        if errors:
+            raise errors[0]
 
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         got = self._fan(self._check_hosts(hosts), lambda h: self.run.check_result(h, op))

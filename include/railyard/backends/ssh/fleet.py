@@ -302,55 +302,89 @@ class SshFleet:
                     raise FleetError(f"{n} is held by operation {r['operation']!r}")
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
-        self._known([host])
-        steps = self.run._check_steps(steps)
-        r = self._rows([host]).get(host)
-        if r is None or r["operation"] != op or r["state"] not in (HostState.DRAINED, HostState.UPGRADING):
-            state = r["state"] if r else "unknown"
-            raise FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); "
-                             f"drain it under {op!r} first")
-        if not steps:
-            return
-        with self.store.write() as c:
-            self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps],
-                      last_error=None)
-        try:
-            self.run.upgrade(host, steps, op)
-        except RunnerError as exc:  # the next poll launches again; a host that never answers fails by its budget
-            log.warning("%s: upgrade launch failed, will retry on the next poll: %s", host, exc)
+        self.upgrade_hosts({host: steps}, op)
+
+    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+        """Every host's install launched at once through the runner's pool (at most `parallelism` connections
+        open, each closed when its launch is done); the hosts' state is written in one transaction first."""
+        self._known(list(work))
+        checked = {h: self.run._check_steps(steps) for h, steps in work.items()}
+        rows = self._rows(list(work))
+        refused: list[FleetError] = []
+        start: dict[str, list[Step]] = {}
+        for host, steps in checked.items():
+            r = rows.get(host)
+            if r is None or r["operation"] != op or r["state"] not in (HostState.DRAINED, HostState.UPGRADING):
+                state = r["state"] if r else "unknown"
+                refused.append(FleetError(f"{host} is {state} (operation {r['operation'] if r else None!r}); "
+                                          f"drain it under {op!r} first"))
+            elif steps:
+                start[host] = steps
+        if start:
+            with self.store.write() as c:
+                for host, steps in start.items():
+                    self._set(c, host, "upgrade", state=HostState.UPGRADING, steps=[s.model_dump() for s in steps],
+                              last_error=None)
+            self._launch(self.run.fan_out(start, lambda h: self.run.upgrade(h, start[h], op)), "upgrade", refused)
+        if refused:
+            raise refused[0]
 
     def start_check(self, host: str, expected: dict[str, str], op: str) -> CheckResult | None:
-        self._known([host])
-        for c_, v in expected.items():
-            check_token(c_)
-            check_token(v)
-        done = self._check_row(op, host)
-        if done is not None:
-            return done
-        r = self._rows([host])[host]
-        if r["state"] == HostState.CHECKING and r["operation"] == op:
-            return CheckResult(host=host, status="pending")
-        if r["state"] != HostState.DRAINED or r["operation"] != op:
-            raise FleetError(f"{host} is {r['state']} (operation {r['operation']!r}); only a drained host is checked")
-        with self.store.write() as c:
-            self._set(c, host, "check", state=HostState.CHECKING, expected=dict(expected))
-        try:
-            self.run.start_check(host, expected, op)
-        except RunnerError as exc:
-            log.warning("%s: check launch failed, will retry on the next poll: %s", host, exc)
-        return CheckResult(host=host, status="pending")
+        self.start_checks({host: expected}, op)
+        return self._check_row(op, host) or CheckResult(host=host, status="pending")
+
+    def start_checks(self, expected: dict[str, dict[str, str]], op: str) -> None:
+        self._known(list(expected))
+        for want in expected.values():
+            for c_, v in want.items():
+                check_token(c_)
+                check_token(v)
+        rows = self._rows(list(expected))
+        done = self._check_rows(op, list(expected))
+        refused: list[FleetError] = []
+        start: dict[str, dict[str, str]] = {}
+        for host, want in expected.items():
+            r = rows[host]
+            if host in done or (r["state"] == HostState.CHECKING and r["operation"] == op):
+                continue  # done, or running
+            if r["state"] != HostState.DRAINED or r["operation"] != op:
+                refused.append(FleetError(f"{host} is {r['state']} (operation {r['operation']!r}); "
+                                          "only a drained host is checked"))
+            else:
+                start[host] = dict(want)
+        if start:
+            with self.store.write() as c:
+                for host, want in start.items():
+                    self._set(c, host, "check", state=HostState.CHECKING, expected=want)
+            self._launch(self.run.fan_out(start, lambda h: self.run.start_check(h, start[h], op)), "check", refused)
+        if refused:
+            raise refused[0]
+
+    @staticmethod
+    def _launch(results: dict[str, Any], what: str, refused: list[FleetError]) -> None:
+        """A launch that could not reach its host is tried again on the next poll (`tend`; a host that never
+        answers fails by its budget); anything else is an error, raised after every host was tried."""
+        for host, r in results.items():
+            if isinstance(r, RunnerError):
+                log.warning("%s: %s launch failed, will retry on the next poll: %s", host, what, r)
+            elif isinstance(r, BaseException):
+                raise r
 
     def _check_row(self, op: str, host: str) -> CheckResult | None:
+        return self._check_rows(op, [host]).get(host)
+
+    def _check_rows(self, op: str, hosts: list[str]) -> dict[str, CheckResult]:
+        """The finished checks of `op` on `hosts`, in one query."""
         with self.store.read() as c:
-            row = c.execute(select(ssh_checks).where(ssh_checks.c.op == op,
-                                                     ssh_checks.c.host == host)).mappings().first()
-        if row is None:
-            return None
-        return CheckResult(host=host, status=row["status"], reason=row["reason"], versions=json.loads(row["versions"]))
+            rows = c.execute(select(ssh_checks).where(ssh_checks.c.op == op, ssh_checks.c.host.in_(list(hosts)))
+                             ).mappings().all()
+        return {r["host"]: CheckResult(host=r["host"], status=r["status"], reason=r["reason"],
+                                       versions=json.loads(r["versions"])) for r in rows}
 
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         self.hosts(list(hosts))  # polls the checks in flight
-        return [self._check_row(op, h) or CheckResult(host=h, status="pending") for h in hosts]
+        done = self._check_rows(op, list(hosts))
+        return [done.get(h) or CheckResult(host=h, status="pending") for h in hosts]
 
     def check_evidence(self, host: str, op: str) -> list[dict[str, Any]]:
         """The structured verdicts of the deep check (each with its evidence)."""

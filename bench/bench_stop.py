@@ -1,0 +1,191 @@
+"""Railyard's cost of a stop as a domain grows: the same stops at 64 and at 1,024 hosts a domain (and, with
+`--fleet`, over 76,800 hosts in 20 domains of 3,840), on the simulator served over HTTP.
+
+A stop here is the train's steps in order (take, checkpoints, drain, upgrade, check, return), run in this
+process through `HttpFleet`, the production client, against `railyard sim serve` at the demo's settings
+(speed 120: a stop's work is about 12 s of real time at any size, hosts are worked on side by side), with the
+demo's releases and jobs scaled with the fleet (6 jobs of 8 hosts per 64 hosts). The figures per stop:
+- wall: from the first step to the end of the return;
+- work: the floor no orchestrator can beat, from the simulator's settings: drain + the installs and their
+  reboot + the check + the return, fleet seconds / speed, as if every host started each phase at once;
+- span: the simulator's own account of the stop's phases (first start to last end, summed): above the
+  floor by however long the hosts' starts were spread out;
+- overhead: wall - work - the checkpoint wait (jobs checkpointing is the jobs' time, not Railyard's);
+- calls: requests this process made to the fleet, by endpoint, and the client's CPU seconds;
+- the fleet's latency per endpoint as this client saw it (p50 / p99), the simulator under the train.
+Airflow's own cost per task is the same at any size (bench_train.py measures it); it is not in these figures.
+
+    .venv/bin/python bench/bench_stop.py [--sizes 64,1024 --domains 4 --stops 2] [--fleet]
+
+Prints a table, then one JSON object of the figures as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_plan import DEMO_CONFIG, start_sim  # noqa: E402
+
+GOAL_RATIO_1024 = 1.5  # overhead per stop at 1,024 hosts a domain / at 64
+GOAL_RATIO_FLEET = 2.0  # overhead per stop at 76,800 hosts in domains of 3,840 / at 64
+
+
+def scaled(path: Path, domains: int, hosts: int) -> Path:
+    """The demo config with `domains` domains of `hosts` hosts, jobs and the maintenance buffer scaled with it."""
+    data = yaml.safe_load(DEMO_CONFIG.read_text())
+    width = max(2, len(str(hosts)))
+    data["domains"] = [{"name": f"pod-{d:03d}", "hosts": f"gpu-{d:03d}-[{1:0{width}d}-{hosts:0{width}d}]"}
+                       for d in range(domains)]
+    data["buffers"]["maintenance"] = {"fraction": round(1.0 / domains + 1e-6, 6)}
+    data["simulator"]["jobs"]["count"] = max(1, domains * hosts * 6 // 64)
+    data["simulator"]["upgrade_fail_rate"] = 0.0  # no host to repair: the same work at every size
+    data["simulator"]["check_fail_rate"] = 0.0
+    data["simulator"]["host_failure_per_hour"] = 0.0
+    data["timeouts"].update(upgrade_s=1800, check_s=1800, drain_s=1800, return_s=1800)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class Counted:
+    """Wraps the HTTP session of an `HttpFleet`: counts each request by endpoint and times it."""
+
+    def __init__(self, fleet: Any):
+        self.calls: dict[str, list[float]] = defaultdict(list)
+        self._request = fleet.session.request
+        fleet.session.request = self.request
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        path = "/" + url.split("/", 3)[3].split("?")[0]
+        parts = path.split("/")
+        if len(parts) > 4 and parts[2] in ("hosts", "jobs"):  # /v1/hosts/<name>/upgrade -> one endpoint
+            parts[3] = "{name}"
+        t0 = time.perf_counter()
+        try:
+            return self._request(method, url, **kw)
+        finally:
+            self.calls[f"{method} {'/'.join(parts)}"].append(time.perf_counter() - t0)
+
+    def reset(self) -> dict[str, list[float]]:
+        out, self.calls = dict(self.calls), defaultdict(list)
+        return out
+
+
+def one_stop(stop: Any) -> float:
+    """The stop's steps as the DAG runs them; returns the seconds spent waiting for checkpoints."""
+    d = stop.take()
+    assert d.granted, d
+    _jobs, since = stop.request_checkpoints()
+    t0 = time.perf_counter()
+    while stop.stale_jobs(since):
+        time.sleep(stop.timeouts.poll_s)
+    waited = time.perf_counter() - t0
+    stop.drain()
+    stop.upgrade()
+    stop.check()
+    stop.return_hosts()
+    return waited
+
+
+def floor_s(cfg: Any, train: Any) -> float:
+    """A stop's work at the simulator's settings, every host in step (real seconds)."""
+    sim = cfg.simulator
+    comps = [cfg.component(r.component) for r in cfg.releases if r.id in train.releases]
+    upgrade = sum(c.duration_s for c in comps) + (sim.reboot_s if any(c.reboot for c in comps) else 0.0)
+    return float((sim.drain_s + upgrade + sim.check_s + sim.return_s) / sim.speed)
+
+
+def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]:
+    from railyard.domain.config import load_config
+    from railyard.fleet.http import HttpFleet
+    from railyard.ledger import Ledger
+    from railyard.operations.stop import Stop, op_id_for
+
+    cfg_path = scaled(home / "railyard.yaml", domains, hosts)
+    cfg = load_config(cfg_path)
+    proc, url = start_sim(cfg_path, home)
+    try:
+        fleet = HttpFleet(url, read_timeout=60)
+        counted = Counted(fleet)
+        ledger = Ledger(f"sqlite:///{home / 'ledger.db'}")
+        train = cfg.train("demo")
+        per_stop = []
+        for domain in cfg.train_domains(train)[:stops]:
+            op = op_id_for("demo", "bench", domain.name)
+            stop = Stop(config=cfg, train=train, domain=domain, op_id=op, fleet=fleet, ledger=ledger,
+                        say=lambda _m: None)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            waited = one_stop(stop)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            calls = counted.reset()
+            audit = fleet.audit()
+            rec = next(s for s in audit["stops"] if s["op"] == op)
+            work = floor_s(cfg, train)
+            per_stop.append({"domain": domain.name, "wall_s": wall, "work_s": work, "checkpoint_wait_s": waited,
+                             "span_s": rec["work_s"] / audit["speed"],
+                             "overhead_s": wall - work - waited, "client_cpu_s": cpu,
+                             "calls": sum(len(v) for v in calls.values()),
+                             "by_endpoint": {k: len(v) for k, v in sorted(calls.items())},
+                             "latency": {k: _pcts(v) for k, v in sorted(calls.items())}})
+        fleet.close()
+        ledger.dispose()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"domains": domains, "hosts_per_domain": hosts, "hosts": domains * hosts, "stops": per_stop,
+            "overhead_per_stop_s": statistics.median(s["overhead_s"] for s in per_stop),
+            "calls_per_stop": statistics.median(s["calls"] for s in per_stop),
+            "client_cpu_per_stop_s": statistics.median(s["client_cpu_s"] for s in per_stop)}
+
+
+def _pcts(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"n": len(s), "p50_ms": round(1000 * s[len(s) // 2], 1),
+            "p99_ms": round(1000 * s[min(len(s) - 1, int(len(s) * 0.99))], 1)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="64,1024", help="hosts a domain, comma-separated (the first is the baseline)")
+    ap.add_argument("--domains", type=int, default=4)
+    ap.add_argument("--stops", type=int, default=2)
+    ap.add_argument("--fleet", action="store_true", help="also 76,800 hosts in 20 domains of 3,840")
+    args = ap.parse_args(argv)
+    runs = []
+    for size in [int(s) for s in args.sizes.split(",")]:
+        with tempfile.TemporaryDirectory(prefix="railyard-bench-stop-") as d:
+            runs.append(run_size(args.domains, size, args.stops, Path(d)))
+    if args.fleet:
+        with tempfile.TemporaryDirectory(prefix="railyard-bench-stop-") as d:
+            runs.append(run_size(20, 3840, args.stops, Path(d)))
+    base = runs[0]["overhead_per_stop_s"]
+    print(f"{'hosts/domain':>12} {'fleet':>7} {'wall s':>7} {'work s':>7} {'span s':>7} {'ckpt s':>7} "
+          f"{'overhead s':>10} {'x base':>6} {'calls':>6} {'client CPU s':>12}")
+    for r in runs:
+        for s in r["stops"]:
+            print(f"{r['hosts_per_domain']:>12} {r['hosts']:>7} {s['wall_s']:>7.2f} {s['work_s']:>7.2f} "
+                  f"{s['span_s']:>7.2f} {s['checkpoint_wait_s']:>7.2f} {s['overhead_s']:>10.2f} "
+                  f"{s['overhead_s'] / base:>6.2f} "
+                  f"{s['calls']:>6} {s['client_cpu_s']:>12.2f}")
+    for r in runs:
+        print(f"fleet latency as seen by the client, {r['hosts_per_domain']} hosts a domain (last stop):")
+        for k, v in r["stops"][-1]["latency"].items():
+            print(f"  {k:<28} n={v['n']:<5} p50 {v['p50_ms']:>7.1f} ms  p99 {v['p99_ms']:>7.1f} ms")
+    figures = {"runs": runs, "baseline_overhead_s": base,
+               "ratios": {r["hosts_per_domain"]: round(r["overhead_per_stop_s"] / base, 2) for r in runs}}
+    print(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -141,7 +141,7 @@ User = Annotated[Any, Depends(get_user)]
 
 def as_json(body: Any) -> JSONResponse:
     """A read's answer sent as it is: returned as a dict, FastAPI would first validate it and walk it through
-    `jsonable_encoder` (a tenth of a second for the overview at 76,800 hosts; `json.dumps` takes 4 ms)."""
+    `jsonable_encoder` (the encoder alone: 45 ms for the overview at 76,800 hosts; `json.dumps`: 4 ms)."""
     return JSONResponse(body)
 
 

@@ -138,6 +138,22 @@ def _host_pick(config: RailyardConfig) -> dict[str, Any]:
     return {"examples": names} if len(names) <= HOST_PICK_MAX else {}
 
 
+def _release_pick(config: RailyardConfig) -> dict[str, Any]:
+    """The releases picker. Airflow's form draws an array as a multi-select only when the array itself has
+    `examples` (or `enum`): `items.enum` alone draws a free-text box. `items.enum` still refuses, at trigger,
+    a value the picker does not offer (the REST API's conf), naming the param and the value."""
+    ids = [r.id for r in config.releases]
+    return {"items": {"type": "string", "enum": ids}, "examples": ids,
+            "values_display": {r.id: f"{r.id}: {r.component} {r.version}" for r in config.releases}}
+
+
+def _domain_pick(config: RailyardConfig) -> dict[str, Any]:
+    """The domains picker, as the releases one: every domain of the config, shown with its size and SKU."""
+    names = [d.name for d in config.domains]
+    return {"items": {"type": "string", "enum": names}, "examples": names,
+            "values_display": {d.name: f"{d.name} ({len(d.hosts)} hosts, {d.sku})" for d in config.domains}}
+
+
 def build_emergency_dag(path: str | None = None) -> DAG:
     """Triggered by hand from the UI with a form. `plan` validates the form and records who asked;
     then one slot per possible stop takes the plan's stops. Slots run side by side: the ledger lets
@@ -145,14 +161,12 @@ def build_emergency_dag(path: str | None = None) -> DAG:
     p = str(config_path(path))
     config = load_config(p)
     common: dict[str, Any] = dict(train_id="emergency", fleet_conn_id=config.fleet.connection, config_path=p)
-    releases = [r.id for r in config.releases]
     domains = [d.name for d in config.domains]
     params = {
-        "releases": Param([], type="array", items={"type": "string", "enum": releases},
-                          description="the release(s) to apply now"),
-        "domains": Param([], type="array", items={"type": "string", "enum": domains},
-                         description="whole domains in scope"),
-        "hosts": Param([], type="array", items={"type": "string"}, **_host_pick(config),
+        "releases": Param([], type="array", **_release_pick(config), description="the release(s) to apply now"),
+        # a picker emptied after a pick sends null: `plan` reads null domains or hosts as none
+        "domains": Param([], type=["array", "null"], **_domain_pick(config), description="whole domains in scope"),
+        "hosts": Param([], type=["array", "null"], items={"type": "string"}, **_host_pick(config),
                        description="single hosts in scope (picked from the fleet's hosts); domains or hosts, "
                                    "or both"),
         "reason": Param(None, type=["null", "string"], description="why (required; at least 10 characters)"),

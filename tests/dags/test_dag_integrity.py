@@ -133,3 +133,36 @@ def test_stop_tasks_take_their_arguments_at_one_init_level(monkeypatch):
         DrainDomainOperator(task_id="x", train_id="demo", domian="pod-a")
     s = CheckpointSensor(task_id="x", train_id="demo", domain="pod-a", wait_s=90, poll_s=2, inline_s=1)
     assert (s.timeout, s.poke_interval, s.wait_s, s.inline_s) == (90, 2, 90, 1)
+
+
+def test_the_emergency_form_picks_releases_and_domains_from_the_config(tmp_path):
+    """Airflow's form draws an array param as a multi-select when the param has `examples`: releases and
+    domains are pickers of the config's own, labelled; a value not among them is refused at trigger, naming
+    the param and the value; a picker emptied after a pick (null) is no scope rather than an error."""
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from railyard_airflow.factory import build_emergency_dag
+    from tests.support.configs import small_config, write_config
+
+    data = small_config(domains=3, hosts_per_domain=2)
+    data["releases"].append({"id": "driver-575-hotfix", "component": "gpu-driver", "version": "575.51.02"})
+    data["domains"][2]["sku"] = "b200"
+    dag = build_emergency_dag(str(write_config(tmp_path / "c.yaml", data)))
+    rel, dom, hosts = (dag.params.get_param(k).schema for k in ("releases", "domains", "hosts"))
+    ids = ["driver-570", "firmware-96", "kernel-6-1-28", "driver-575-hotfix"]
+    assert rel["examples"] == rel["items"]["enum"] == ids and rel["type"] == "array"
+    assert rel["values_display"]["driver-575-hotfix"] == "driver-575-hotfix: gpu-driver 575.51.02"
+    assert dom["examples"] == dom["items"]["enum"] == ["pod-a", "pod-b", "pod-c"]
+    assert dom["values_display"] == {"pod-a": "pod-a (2 hosts, gpu)", "pod-b": "pod-b (2 hosts, gpu)",
+                                     "pod-c": "pod-c (2 hosts, b200)"}
+    assert hosts["examples"] == ["gpu-a01", "gpu-a02", "gpu-b01", "gpu-b02", "gpu-c01", "gpu-c02"]
+    params = dag.params
+    params["releases"] = ["driver-575-hotfix"]
+    params["domains"] = ["pod-c"]
+    params["domains"] = None
+    params["hosts"] = None
+    for key, bad in (("releases", ["driver-999"]), ("domains", ["pod-a", "pod-zz"]), ("releases", None)):
+        with pytest.raises(ParamValidationError) as err:
+            params[key] = bad
+        assert str(err.value).startswith(f"Invalid input for param {key}: "), err.value
+        assert repr(bad[-1]) in str(err.value) if bad else "None is not of type 'array'" in str(err.value)

@@ -6,6 +6,10 @@ the user may trigger Railyard DAGs. Nothing of the auth is overridden."""
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
+from collections import Counter
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -96,7 +100,7 @@ def as_(auth, role: str) -> dict[str, str]:
 def test_every_route_refuses_a_caller_not_logged_in(world) -> None:
     *_, client = world
     for path in ("/", "/api/overview", "/api/map", "/api/capacity", "/api/buffers", "/api/trains",
-                 "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/me"):
+                 "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/domains/pod-a/hosts", "/api/me"):
         assert client.get(path).status_code == 401, path
     assert client.post("/api/freeze", json={"on": True, "reason": "a reason long enough"}).status_code == 401
     assert client.get("/api/overview", headers={"Authorization": "Bearer not-a-jwt"}).status_code in (401, 403)
@@ -114,11 +118,17 @@ def test_a_leased_domain_shows_out_with_its_operation_and_run(world, auth) -> No
     assert r.status_code == 200, r.text
     body = r.json()
     doms = {d["name"]: d for d in body["map"]["domains"]}
+    run = "/dags/railyard_train_demo/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
     assert doms["pod-b"]["out"] and doms["pod-b"]["held_by"] == op and not doms["pod-a"]["out"]
-    b1 = doms["pod-b"]["hosts"][0]
-    assert b1["state"] in (HostState.DRAINING, HostState.DRAINED) and b1["op"] == op
-    assert b1["run"] == "/dags/railyard_train_demo/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00"
-    c2 = next(h for h in doms["pod-c"]["hosts"] if h["name"] == "gpu-c02")
+    assert doms["pod-b"]["run"] == run and doms["pod-b"]["held"] == 4 and doms["pod-b"]["serving"] == 0
+    assert body["map"]["offboarded"] == [{"name": "gpu-c02", "domain": "pod-c", "state": "repair",
+                                          "reason": "DCGM diag level 2 failed: XID 79"}]
+    pod_b = client.get("/api/domains/pod-b/hosts", headers=as_(auth, "viewer")).json()
+    b1 = pod_b["hosts"][0]
+    assert b1["state"] in (HostState.DRAINING, HostState.DRAINED) and b1["op"] == op and b1["run"] == run
+    assert pod_b["out"] and pod_b["held_by"] == op
+    c2 = next(h for h in client.get("/api/domains/pod-c/hosts", headers=as_(auth, "viewer")).json()["hosts"]
+              if h["name"] == "gpu-c02")
     assert c2["state"] == "repair" and "XID 79" in c2["reason"]
     cap = body["capacity"]
     assert cap["total"] == 12 and cap["serving"] == 7 and cap["fraction"] == pytest.approx(7 / 12)
@@ -282,3 +292,105 @@ def test_controls_keep_to_allowed_users_cap_the_reason_and_audit_a_refusal_once(
     r = client.post("/api/freeze", json={"on": True, "reason": "admin freezes for the upgrade"},
                     headers=as_(auth, "admin"))
     assert r.status_code == 200 and ledger.switch("freeze") is not None
+
+
+class PartFleet:
+    """The simulator with some hosts missing from its answers (a fleet that lost track of them), and a
+    record of the names each host read asked for."""
+
+    def __init__(self, engine: SimEngine, missing: set[str]) -> None:
+        self._engine, self.missing, self.reads = engine, missing, []
+
+    def hosts(self, names=None):  # noqa: ANN001, ANN201
+        self.reads.append(None if names is None else list(names))
+        return [h for h in self._engine.hosts(names) if h.name not in self.missing]
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._engine, name)
+
+
+def test_the_map_counts_each_domain_s_hosts_per_state(world, auth) -> None:
+    """The map is one row per domain: its hosts counted per state (those the fleet does not report as
+    `unknown`), serving, held, out, and by whom; the counts agree with the fleet host by host."""
+    cfg, fleet, ledger, _client = world
+    op = "demo/manual__2026-01-01T00:00:00+00:00/pod-a"
+    pod_a = list(cfg.domain("pod-a").hosts)
+    assert ledger.acquire_domain(op, train="demo", domain="pod-a", hosts=pod_a, budget=budget_for(cfg)).granted
+    fleet.drain(pod_a, op)
+    fleet.fail("gpu-b03")
+    fleet.offboard("gpu-c01", "nccl all_reduce busbw 120 GB/s below 300", "repair/gpu-c01")
+    part = PartFleet(fleet, {"gpu-c04"})
+    client = client_of(cfg, part, ledger)
+    m = client.get("/api/map", headers=as_(auth, "viewer")).json()
+    owner = cfg.host_domain()
+    want: dict[str, Counter] = {d.name: Counter() for d in cfg.domains}
+    for h in fleet.hosts():
+        want[owner[h.name]][str(h.state) if h.name != "gpu-c04" else "unknown"] += 1
+    rows = {d["name"]: d for d in m["domains"]}
+    assert list(rows) == ["pod-a", "pod-b", "pod-c"]
+    for name, counts in want.items():
+        row = rows[name]
+        assert row["states"] == dict(counts), name
+        assert row["size"] == 4 and sum(row["states"].values()) == 4
+        assert row["serving"] == counts["serving"]
+    assert rows["pod-a"]["serving"] == 0 and rows["pod-a"]["out"] and rows["pod-a"]["held_by"] == op
+    assert rows["pod-a"]["held"] == 4 and rows["pod-a"]["run"].startswith("/dags/railyard_train_demo/runs/")
+    assert rows["pod-b"]["states"] == {"failed": 1, "serving": 3} and not rows["pod-b"]["out"]
+    assert rows["pod-c"]["states"] == {"repair": 1, "serving": 2, "unknown": 1}
+    assert rows["pod-c"]["held_by"] is None and not rows["pod-c"]["out"]
+    assert m["total"] == 11 and sum(m["by_state"].values()) == 11 and m["by_state"]["serving"] == 5
+    assert [h["name"] for h in m["offboarded"]] == ["gpu-b03", "gpu-c01"] and m["offboarded_total"] == 2
+    assert "busbw 120" in m["offboarded"][1]["reason"]
+    assert "hosts" not in rows["pod-a"]  # no host rows in the map: they come on demand
+    # the overview's map is the same summary, from the same one read of the fleet
+    part.reads.clear()
+    body = client.get("/api/overview", headers=as_(auth, "viewer")).json()
+    assert body["map"] == m and part.reads == [None]
+
+
+def test_a_domain_s_hosts_come_on_demand_and_an_unknown_name_is_a_404(world, auth, monkeypatch) -> None:
+    cfg, fleet, ledger, _client = world
+    from railyard_airflow.ui import views
+
+    monkeypatch.setattr(views, "HOSTS_PER_READ", 3)
+    part = PartFleet(fleet, {"gpu-b02"})
+    client = client_of(cfg, part, ledger)
+    r = client.get("/api/domains/pod-b/hosts", headers=as_(auth, "viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [h["name"] for h in body["hosts"]] == list(cfg.domain("pod-b").hosts)
+    assert {h["name"]: h["state"] for h in body["hosts"]}["gpu-b02"] == "unknown"
+    assert body["hosts"][0]["versions"] == {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01",
+                                            "kernel": "6.1.0-25"}
+    assert body["domain"] == "pod-b" and body["sku"] == "gpu" and body["out"] is False and body["held_by"] is None
+    # only the domain's own hosts are read, at most HOSTS_PER_READ names a read
+    assert part.reads == [["gpu-b01", "gpu-b02", "gpu-b03"], ["gpu-b04"]]
+    for bad in ("pod-z", "gpu-a01", "pod-a;reboot", "x" * 5000):
+        r = client.get(f"/api/domains/{bad}/hosts", headers=as_(auth, "viewer"))
+        assert r.status_code == 404, bad
+        detail = r.json()["detail"]
+        assert detail.startswith("domain: unknown domain ") and bad[:20] in detail and len(detail) < 200, detail
+    assert part.reads == [["gpu-b01", "gpu-b02", "gpu-b03"], ["gpu-b04"]]  # a refused name reads nothing
+
+
+def _dump(path) -> list[str]:  # noqa: ANN001
+    with sqlite3.connect(path) as db:
+        return list(db.iterdump())
+
+
+def test_reading_the_page_writes_nothing(world, auth, tmp_path) -> None:
+    """Every read of the page, twice over: the ledger's database and the fleet are as they were."""
+    cfg, fleet, ledger, client = world
+    op = "demo/run-1/pod-a"
+    assert ledger.acquire_domain(op, train="demo", domain="pod-a", hosts=list(cfg.domain("pod-a").hosts),
+                                 budget=budget_for(cfg)).granted
+    fleet.drain(list(cfg.domain("pod-a").hosts), op)
+    ledger.sample_capacity(900.0, 8, 12, op)
+    before = _dump(tmp_path / "ledger.db"), [dataclasses.asdict(h) for h in fleet.hosts()], fleet.audit()
+    for _ in range(2):
+        for path in ("/", "/api/me", "/api/overview", "/api/map", "/api/capacity", "/api/buffers", "/api/trains",
+                     "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/domains/pod-a/hosts",
+                     "/api/domains/nope/hosts", "/api/hosts/nope"):
+            assert client.get(path, headers=as_(auth, "viewer")).status_code in (200, 404), path
+    after = _dump(tmp_path / "ledger.db"), [dataclasses.asdict(h) for h in fleet.hosts()], fleet.audit()
+    assert after == before

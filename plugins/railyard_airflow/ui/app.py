@@ -139,6 +139,12 @@ def user_name(user: Any) -> str:
 User = Annotated[Any, Depends(get_user)]
 
 
+def as_json(body: Any) -> JSONResponse:
+    """A read's answer sent as it is: returned as a dict, FastAPI would first validate it and walk it through
+    `jsonable_encoder` (the encoder alone: 45 ms for the overview at 76,800 hosts; `json.dumps`: 4 ms)."""
+    return JSONResponse(body)
+
+
 class Reason(BaseModel):
     reason: str = Field(default="", description=f"why (at least {MIN_REASON} characters)")
 
@@ -209,38 +215,48 @@ def create_app(sources: Sources | None = None) -> FastAPI:
         return {"user": user_name(user), "may_act": bool(request.app.state.may_act(user))}
 
     @app.get("/api/overview")
-    def overview(request: Request, user: User) -> dict[str, Any]:
+    def overview(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.overview(s.config, s.fleet, s.ledger, s.schedule()) | {"user": user_name(user)}
+        return as_json(views.overview(s.config, s.fleet, s.ledger, s.schedule()) | {"user": user_name(user)})
 
     @app.get("/api/map")
-    def fleet_map(request: Request, user: User) -> dict[str, Any]:
+    def fleet_map(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.fleet_map(s.config, s.fleet.hosts(), s.ledger)
+        return as_json(views.fleet_map(s.config, s.fleet.hosts(), s.ledger))
 
     @app.get("/api/capacity")
-    def capacity(request: Request, user: User) -> dict[str, Any]:
+    def capacity(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.capacity(s.config, s.fleet, s.fleet.hosts(), s.ledger)
+        return as_json(views.capacity(s.config, s.fleet, s.fleet.hosts(), s.ledger))
 
     @app.get("/api/buffers")
-    def buffers(request: Request, user: User) -> list[dict[str, Any]]:
+    def buffers(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.buffers(s.config, s.fleet.hosts(), s.ledger)
+        return as_json(views.buffers(s.config, s.fleet.hosts(), s.ledger))
 
     @app.get("/api/trains")
-    def trains(request: Request, user: User) -> list[dict[str, Any]]:
+    def trains(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.trains(s.config, s.ledger, s.fleet.now(), s.schedule())
+        return as_json(views.trains(s.config, s.ledger, s.fleet.now(), s.schedule()))
 
     @app.get("/api/releases")
-    def releases(request: Request, user: User) -> dict[str, Any]:
+    def releases(request: Request, user: User) -> JSONResponse:
         s = src(request)
-        return views.releases(s.config, s.ledger, s.fleet.hosts(), s.fleet.now())
+        return as_json(views.releases(s.config, s.ledger, s.fleet.hosts(), s.fleet.now()))
 
     @app.get("/api/operations")
     def operations(request: Request, user: User) -> dict[str, Any]:
         return views.operations(src(request).ledger)
+
+    @app.get("/api/domains/{domain}/hosts")
+    def domain_hosts(request: Request, domain: str, user: User) -> JSONResponse:
+        """One domain's hosts, for the map's domain opened on demand; a name not in the config is a 404."""
+        from railyard.operations.emergency import shown
+
+        s = src(request)
+        if domain not in {d.name for d in s.config.domains}:
+            raise HTTPException(404, f"domain: unknown domain {shown(domain)}")
+        return as_json(views.domain_hosts(s.config, s.fleet, s.ledger, domain))
 
     @app.get("/api/hosts/{host}")
     def host(request: Request, host: str, user: User) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from railyard.operations.reconcile import dag_id_for, owner_of
 from railyard.operations.releases import Rollout, drift
 
 HISTORY_POINTS = 600  # capacity samples sent to the page (the newest)
+OFFBOARDED_SHOWN = 200  # offboarded hosts listed by name under the map (all are counted)
+HOSTS_PER_READ = 256  # host names per fleet read of one domain's hosts
 
 
 def run_link(op: dict[str, Any] | None) -> str | None:
@@ -31,31 +33,64 @@ def run_link(op: dict[str, Any] | None) -> str | None:
 
 
 def fleet_map(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> dict[str, Any]:
-    """Domains -> hosts with state, the operation holding each and a link to its Airflow run."""
+    """Per domain: its hosts counted per state, whether it is out and which operation holds it (with a link to
+    its Airflow run). The hosts themselves come one domain at a time (`domain_hosts`): at 76,800 hosts a row
+    per host made the page's JSON 13 MB and its map 76,800 elements. A host of the config that the fleet does
+    not report counts as `unknown`; the offboarded hosts (failed, in repair) are listed with their reasons,
+    the first OFFBOARDED_SHOWN of them."""
     held = ledger.holdings()
     ops = {o["id"]: o for o in ledger.active_operations()}
     out_domains = ledger.domains_out()
-    by_name = {h.name: h for h in hosts}
+    owner = config.host_domain()
+    # counted in C, not host by host in Python: this is most of the page's own time at 76,800 hosts
+    kinds = Counter(zip(map(owner.get, [h.name for h in hosts]), [h.state.value for h in hosts], strict=True))
+    per: dict[str, Counter[str]] = {d.name: Counter() for d in config.domains}
+    counts: Counter[str] = Counter()
+    for (d, state), n in kinds.items():
+        counts[state] += n
+        if d is not None:
+            per[d][state] += n
+    offboarded = [{"name": h.name, "domain": owner.get(h.name), "state": h.state.value, "reason": h.reason}
+                  for h in hosts if h.state in (HostState.FAILED, HostState.REPAIR)]
+    held_in = Counter(map(owner.get, held))
     domains = []
-    for d in config.domains:
-        row = []
-        for name in d.hosts:
-            h = by_name.get(name)
-            op_id = held.get(name)
-            row.append({
-                "name": name,
-                "state": str(h.state) if h else "unknown",
-                "op": op_id,
-                "run": run_link(ops.get(op_id)) if op_id else None,
-                "reason": h.reason if h else None,
-                "versions": h.versions if h else {},
-            })
-        serving = sum(1 for x in row if x["state"] == HostState.SERVING)
-        holder = out_domains.get(d.name)  # a repair holds its host's domain too, but takes no maintenance slot
-        domains.append({"name": d.name, "sku": d.sku, "hosts": row, "serving": serving,
-                        "out": holder is not None and not holder.startswith("repair/"), "held_by": holder})
-    counts = Counter(str(h.state) for h in hosts)
-    return {"domains": domains, "by_state": dict(sorted(counts.items())), "total": len(hosts)}
+    for dom in config.domains:
+        states = per[dom.name]
+        missing = len(dom.hosts) - sum(states.values())
+        if missing > 0:
+            states[HostState.UNKNOWN.value] += missing
+        holder = out_domains.get(dom.name)  # a repair holds its host's domain too, but takes no maintenance slot
+        domains.append({"name": dom.name, "sku": dom.sku, "size": len(dom.hosts),
+                        "states": dict(sorted(states.items())), "serving": states.get(HostState.SERVING.value, 0),
+                        "held": held_in.get(dom.name, 0),
+                        "out": holder is not None and not holder.startswith("repair/"), "held_by": holder,
+                        "run": run_link(ops.get(holder)) if holder else None})
+    offboarded.sort(key=lambda x: str(x["name"]))
+    return {"domains": domains, "by_state": dict(sorted(counts.items())), "total": len(hosts),
+            "offboarded": offboarded[:OFFBOARDED_SHOWN], "offboarded_total": len(offboarded)}
+
+
+def domain_hosts(config: RailyardConfig, fleet: Fleet, ledger: Ledger, name: str) -> dict[str, Any]:
+    """One domain's hosts, each with its state, the operation holding it and a link to that operation's run:
+    what the map shows of a domain once it is opened. Only the domain's own hosts are read from the fleet,
+    HOSTS_PER_READ names a call (the names travel in the query string)."""
+    dom = config.domain(name)
+    names = list(dom.hosts)
+    by_name: dict[str, Host] = {}
+    for i in range(0, len(names), HOSTS_PER_READ):
+        by_name |= {h.name: h for h in fleet.hosts(names[i:i + HOSTS_PER_READ])}
+    held = ledger.holdings()
+    ops = {o["id"]: o for o in ledger.active_operations()}
+    holder = ledger.domains_out().get(name)
+    rows = []
+    for host in names:
+        h = by_name.get(host)
+        op_id = held.get(host)
+        rows.append({"name": host, "state": str(h.state) if h else HostState.UNKNOWN.value, "op": op_id,
+                     "run": run_link(ops.get(op_id)) if op_id else None, "reason": h.reason if h else None,
+                     "versions": h.versions if h else {}})
+    return {"domain": name, "sku": dom.sku, "out": holder is not None and not holder.startswith("repair/"),
+            "held_by": holder, "hosts": rows}
 
 
 def capacity(config: RailyardConfig, fleet: Fleet, hosts: list[Host], ledger: Ledger) -> dict[str, Any]:
@@ -91,14 +126,14 @@ def buffers(config: RailyardConfig, hosts: list[Host], ledger: Ledger) -> list[d
     """Per SKU: the maintenance and failure budget (hosts), used and left. Hosts held by an operation
     but not broken use the maintenance buffer; broken hosts use the failure buffer."""
     held = ledger.holdings()
+    kinds = Counter((h.sku, h.state, h.name in held) for h in hosts)  # one pass, few kinds
     out = []
     for sku in sorted({d.sku for d in config.domains}):
         b = budget_for(config, sku)
-        pool = [h for h in hosts if h.sku == sku]
-        broken = sum(1 for h in pool if h.state in BROKEN_STATES)
-        maint = sum(1 for h in pool if h.name in held and h.state not in BROKEN_STATES)
-        maint += sum(1 for h in pool if h.name not in held and h.state not in BROKEN_STATES
-                     and h.state != HostState.SERVING)
+        mine = [(state, is_held, n) for (s, state, is_held), n in kinds.items() if s == sku]
+        broken = sum(n for state, _held, n in mine if state in BROKEN_STATES)
+        maint = sum(n for state, is_held, n in mine if state not in BROKEN_STATES
+                    and (is_held or state != HostState.SERVING))
         out.append({"sku": sku, "total": b.total_hosts,
                     "maintenance": {"budget": b.maintenance_hosts, "used": maint, "left": b.maintenance_hosts - maint},
                     "failure": {"budget": b.failure_hosts, "used": broken, "left": b.failure_hosts - broken}})
@@ -132,6 +167,8 @@ def trains(config: RailyardConfig, ledger: Ledger, now: float,
 def releases(config: RailyardConfig, ledger: Ledger, hosts: list[Host], now: float) -> dict[str, Any]:
     """Each release's phase, halted or not, failures in its phase against the gate; drift per component."""
     ro = Rollout(config, ledger)
+    d = drift(config, hosts, now)  # its versions per component also give each release's hosts at its version
+    versions = {name: c["versions"] for name, c in d["components"].items()}
     rows = []
     for r in ro.table():
         spec = config.releases[[x.id for x in config.releases].index(r["release"])]
@@ -144,8 +181,7 @@ def releases(config: RailyardConfig, ledger: Ledger, hosts: list[Host], now: flo
         rows.append(r | {"failures": failed, "results": len(results),
                          "max_failure_rate": spec.rollout.max_failure_rate if spec.rollout else None,
                          "phased": spec.rollout is not None,
-                         "at_version": sum(1 for h in hosts if h.versions.get(spec.component) == spec.version)})
-    d = drift(config, hosts, now)
+                         "at_version": versions.get(spec.component, {}).get(spec.version, 0)})
     comps = {name: {"newest_released": c["newest_released"], "converged_fraction": c["converged_fraction"],
                     "versions": c["versions"], "oldest_running": c["oldest_running"]}
              for name, c in d["components"].items()}

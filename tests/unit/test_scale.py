@@ -292,3 +292,16 @@ def test_a_stops_calls_to_the_fleet_and_the_ledger_do_not_grow_with_its_domain(t
     assert large_ledger == small_ledger, large_ledger - small_ledger
     assert small_fleet["upgrade_hosts"] == small_fleet["start_checks"] == 1
     assert small_fleet["upgrade"] == small_fleet["start_check"] == 0
+
+
+def test_an_offboard_after_a_thousand_audit_rows_of_the_same_operation_is_still_seen(tmp_path: Path) -> None:
+    """A domain of 1,024 hosts writes a verdict row per host: a host offboarded after them is still the
+    stop's offboard (the audit's page of 1,000 rows once hid it, and the stop would have returned it)."""
+    from tests.unit.test_stop import world
+
+    _cfg, _clock, _fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    ledger.record_verifications(s.op_id, [(f"h{i}", True, {}, None) for i in range(1100)])
+    ledger.note(s.op_id, "offboard", ["ha2"], "health check failed")
+    assert len(ledger.audit_rows(s.op_id)) == 1000  # the default page
+    assert s.offboarded() == ["ha2"]

@@ -34,6 +34,7 @@ _RETRY_STATUS = frozenset({502, 503, 504})
 _HOSTS = TypeAdapter(list[Host])
 _HOST = TypeAdapter(Host)
 _JOBS = TypeAdapter(list[Job])
+_CHECKS = TypeAdapter(list[CheckResult])
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 log = logging.getLogger("railyard.fleet.http")
 T = TypeVar("T")
@@ -161,8 +162,8 @@ class HttpFleet:
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         if not hosts:
             return []
-        data = self._call("POST", "/v1/checks/query", body={"hosts": list(hosts), "op": op})
-        return [CheckResult.model_validate(c) for c in data]
+        content = self._call("POST", "/v1/checks/query", body={"hosts": list(hosts), "op": op}, raw=True)
+        return self._parse(_CHECKS, content, "/v1/checks/query")
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
         if hosts:

@@ -20,12 +20,16 @@ class AuditLog(LedgerBase):
         with self.engine.begin() as c:
             _audit(c, self.clock(), actor, op_id, action, list(hosts), reason)
 
-    def audit_rows(self, op_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    def audit_rows(self, op_id: str | None = None, limit: int | None = 1000,
+                   action: str | None = None) -> list[dict[str, Any]]:
+        """The audit, oldest first: of one operation, of one action, the first `limit` rows (None: all)."""
         q = select(audit).order_by(audit.c.id)
         if op_id is not None:
             q = q.where(audit.c.op_id == op_id)
+        if action is not None:
+            q = q.where(audit.c.action == action)
         with self.engine.connect() as c:
-            rows = [dict(r._mapping) for r in c.execute(q.limit(limit))]
+            rows = [dict(r._mapping) for r in c.execute(q if limit is None else q.limit(limit))]
         for r in rows:
             r["hosts"] = json.loads(r["hosts"])
         return rows

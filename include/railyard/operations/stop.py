@@ -713,15 +713,17 @@ class Stop:
     def _revisit_if_taken_over(self) -> None:
         """An emergency took (some of) this stop's hosts: the train comes back for the domain in a
         revisit slot at the end of the run, so its own releases are not silently skipped."""
-        taken = {h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "handed_over" for h in r["hosts"]}
+        handed = self.ledger.audit_rows(self.op_id, limit=None, action="handed_over")
+        taken = {h for r in handed for h in r["hosts"]}
         if taken and not self.revisit:
-            by = sorted({r["reason"].removeprefix("taken over by ") for r in self.ledger.audit_rows(self.op_id)
-                         if r["action"] == "handed_over"})
+            by = sorted({r["reason"].removeprefix("taken over by ") for r in handed})
             self.ledger.mark_for_revisit(self.op_id, f"{len(taken)} host(s) taken over by {', '.join(by)}")
             self.say(f"{self.domain.name}: taken over by {', '.join(by)}; coming back at the end of the run")
 
     def offboarded(self) -> list[str]:
-        return sorted({h for r in self.ledger.audit_rows(self.op_id) if r["action"] == "offboard" for h in r["hosts"]})
+        # every one, however long the operation's audit (a domain's verdicts alone are a row per host)
+        rows = self.ledger.audit_rows(self.op_id, limit=None, action="offboard")
+        return sorted({h for r in rows for h in r["hosts"]})
 
     def offboard(self, host: str, reason: str, seen: set[str] | None = None) -> None:
         """Hand the host to a repair operation: it stays out, counts against the failure buffer,

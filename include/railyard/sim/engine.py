@@ -297,7 +297,8 @@ class SimEngine:
         """`hosts(names)` as a JSON array of `Host` objects, for the API. The whole fleet's is built
         once per change of the world, so repeated reads of a large fleet cost nothing."""
         if names is not None:
-            return json.dumps([self._host(n).row() for n in names], separators=(",", ":")).encode()
+            # each host's JSON kept as the whole fleet's is: redone only for the hosts that changed
+            return ("[" + ",".join(self._host_part(self._host(n).name)[1] for n in names) + "]").encode()
         payload: bytes = self._cached("hosts_json", lambda: (
             "[" + ",".join(part[1] for part in self._host_parts()) + "]").encode())
         return payload
@@ -862,17 +863,18 @@ class SimEngine:
     def _host_parts(self) -> list[tuple[str, str]]:
         """Per host, sorted by name: (its snapshot JSON, its API JSON), each redone only when the host
         changed since the last call."""
-        out: list[tuple[str, str]] = []
-        for name in self._names:
-            h = self._hosts[name]
-            key = (h.state, h.operation, h.reason, h.last_error, h.until, h.fail_at, h.job, h.gpus,
-                   tuple(h.versions.items()), None if h.upgrade is None else json.dumps(h.upgrade))
-            hit = self._host_json.get(name)
-            if hit is None or hit[0] != key:
-                # a dataclass's __dict__ is its fields: asdict() would deep-copy them first, 40x slower
-                hit = self._host_json[name] = (key, json.dumps(vars(h)), json.dumps(h.row(), separators=(",", ":")))
-            out.append((hit[1], hit[2]))
-        return out
+        return [self._host_part(name) for name in self._names]
+
+    def _host_part(self, name: str) -> tuple[str, str]:
+        """One host's (snapshot JSON, API JSON), kept until the host changes."""
+        h = self._hosts[name]
+        key = (h.state, h.operation, h.reason, h.last_error, h.until, h.fail_at, h.job, h.gpus,
+               tuple(h.versions.items()), None if h.upgrade is None else json.dumps(h.upgrade))
+        hit = self._host_json.get(name)
+        if hit is None or hit[0] != key:
+            # a dataclass's __dict__ is its fields: asdict() would deep-copy them first, 40x slower
+            hit = self._host_json[name] = (key, json.dumps(vars(h)), json.dumps(h.row(), separators=(",", ":")))
+        return hit[1], hit[2]
 
     def _snapshot_rest(self) -> dict[str, Any]:
         return {

@@ -253,7 +253,7 @@ def stop_calls(tmp_path: Path, hosts: int) -> tuple[Counter[str], Counter[str], 
     """One full stop of a domain of `hosts` hosts (of three), over the in-process simulator and a fake clock:
     the fleet's and the ledger's calls, by name, and what the stop returned."""
     from railyard.operations.stop import Stop
-    from tests.unit.test_stop import wait_checkpoints
+    from tests.unit.test_stop import full_stop
 
     cfg = parse_config({
         "components": [{"name": DRV, "reboot": True, "duration_s": 300}, {"name": FM, "duration_s": 60}],
@@ -272,12 +272,7 @@ def stop_calls(tmp_path: Path, hosts: int) -> tuple[Counter[str], Counter[str], 
     ledger = Calls(Ledger(f"sqlite:///{tmp_path}/ledger-{hosts}.db"))
     s = Stop(config=cfg, train=cfg.train("t"), domain=cfg.domain("pod-a"), op_id="t/r1/pod-a", fleet=fleet,  # type: ignore[arg-type]
              ledger=ledger, sleep=clock.advance, clock=clock, say=lambda _m: None)  # type: ignore[arg-type]
-    assert s.take().granted
-    wait_checkpoints(s, clock)
-    s.drain()
-    s.upgrade()
-    s.check()
-    out = s.return_hosts()
+    out = full_stop(s, clock)
     ledger.inner.dispose()
     return fleet.count, ledger.count, out
 

@@ -345,7 +345,6 @@ class SimEngine:
             if h.job is not None:
                 self._interrupt(self._jobs[h.job], h.name, f"drained by {op}")
 
-    @_locked
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
         self.upgrade_hosts({host: steps}, op)
 

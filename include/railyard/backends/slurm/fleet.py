@@ -662,8 +662,9 @@ class SlurmFleet:
         if not expected:
             return
         nodes = self.enforce_gate()
-        refused = [bad for h in expected if (bad := self._refusal(nodes.get(h), h, op)) is not None]
-        start = [h for h in expected if self._refusal(nodes.get(h), h, op) is None]
+        verdict = {h: self._refusal(nodes.get(h), h, op) for h in expected}
+        refused = [bad for bad in verdict.values() if bad is not None]
+        start = [h for h, bad in verdict.items() if bad is None]
         if start and isinstance(self.runner, StandinRunner):
             log.warning("%s: %s", ",".join(start), STANDIN_WARNING)
         self._launch(self._fan(start, lambda h: self.run.start_check(h, expected[h], op)), refused)

@@ -444,3 +444,87 @@ def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path) -> None:
         fleet.close()  # else the server's SIGTERM waits (up to its 3 s grace) for this idle TLS connection
     finally:
         server.stop()
+
+
+def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_server: SimServer) -> None:
+    """A second read of the same hosts sends the first answer's cursor and gets back only the hosts that
+    changed (none, then the drained ones); what it returns is a full read's answer each time. A restarted
+    server does not know the cursor: its full answer replaces the view."""
+    import json
+
+    from railyard.fleet.http import CHANGES_HEADER, CURSOR_HEADER
+
+    fleet = HttpFleet(sim_server.url)
+    sent: list[dict[str, Any]] = []
+    answered: list[tuple[int, str | None]] = []
+    request = fleet.session.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        resp = request(method, url, **kw)
+        if url.endswith("/v1/hosts/query"):
+            sent.append(kw["json"])
+            answered.append((len(resp.json()), resp.headers.get(CHANGES_HEADER)))
+        return resp
+
+    fleet.session.request = spy  # type: ignore[method-assign]
+
+    def full() -> list[Host]:
+        return TypeAdapter(list[Host]).validate_python(
+            requests.post(f"{sim_server.url}/v1/hosts/query", json={"names": POD_B}, timeout=5).json())
+
+    assert fleet.hosts(POD_B) == full()
+    assert "since" not in sent[-1] and answered[-1] == (4, None)
+    assert fleet.hosts(POD_B) == full()
+    assert sent[-1]["since"] and answered[-1] == (0, sent[-1]["since"])  # nothing changed: nothing sent
+
+    fleet.drain(POD_B[:2], "op-delta")
+    assert fleet.hosts(POD_B) == full()
+    assert answered[-1][0] >= 2 and answered[-1][1] == sent[-1]["since"]
+    assert [h.state for h in fleet.hosts(POD_B)[:2]] == [HostState.DRAINING] * 2
+    wait_for("drain", all_in(fleet, POD_B[:2], HostState.DRAINED))
+    assert fleet.hosts(POD_B) == full()
+
+    before = fleet.hosts(POD_B)
+    sim_server.kill()
+    fleet.base_url = sim_server.start()  # the same client, its views kept, at the new server's port
+    assert fleet.hosts(POD_B) == full() == before
+    assert answered[-1] == (4, None)  # another server's cursor: a full answer
+    whole = fleet.hosts()
+    assert fleet.hosts() == whole and len(whole) > len(POD_B)
+    raw = requests.get(f"{sim_server.url}/v1/hosts", timeout=5)
+    assert raw.headers[CURSOR_HEADER] and json.loads(raw.content) == TypeAdapter(list[Host]).dump_python(
+        whole, mode="json")
+
+
+def test_a_fleet_that_sends_no_cursor_is_read_whole_every_time() -> None:
+    """A fleet manager that knows nothing of cursors: no read ever sends `since`."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    bodies: list[dict[str, Any]] = []
+
+    class Plain(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            hosts = [{"name": n, "domain": "pod-a", "state": "serving"} for n in bodies[-1]["names"]]
+            body = json.dumps(hosts).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = HTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fleet = HttpFleet(f"http://127.0.0.1:{server.server_address[1]}")
+        for _ in range(3):
+            assert [h.name for h in fleet.hosts(["gpu-a01", "gpu-a02"])] == ["gpu-a01", "gpu-a02"]
+        assert bodies == [{"names": ["gpu-a01", "gpu-a02"]}] * 3
+    finally:
+        server.shutdown()
+        server.server_close()

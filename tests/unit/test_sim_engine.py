@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -443,3 +446,107 @@ def test_a_bulk_upgrade_starts_every_host_it_can_and_names_the_one_refused(sim: 
     assert [h.state for h in sim.hosts(POD_A)] == [HostState.CHECKING] * 3 + [HostState.SERVING]
     with pytest.raises(FleetNotFound, match="gpu-zz"):
         sim.start_checks({"gpu-zz": TARGETS}, "op-1")
+
+
+def _random_world_steps(sim: SimEngine, clock: FakeClock, rng: random.Random, steps: int,
+                        after_each: Callable[[], None]) -> None:
+    """`steps` random calls of every kind that changes hosts, jobs or checks (refusals included), the clock
+    moved between them; `after_each()` after every one."""
+    names = [h.name for h in sim.hosts()]
+    domains = [names[i:i + 4] for i in range(0, len(names), 4)]
+    for _ in range(steps):
+        kind = rng.choice(["drain", "upgrade", "check", "return", "offboard", "fail", "repaired", "handover",
+                           "checkpoint", "job", "tick", "tick"])
+        hosts = rng.choice(domains)
+        op = rng.choice(["op-1", "op-2"])
+        try:
+            if kind == "drain":
+                sim.drain(rng.sample(hosts, rng.randint(1, 4)), op)
+            elif kind == "upgrade":
+                sim.upgrade_hosts({h: STEPS[:rng.randint(1, 2)] for h in hosts}, op)
+            elif kind == "check":
+                sim.start_checks({h: dict(TARGETS) for h in hosts}, op)
+            elif kind == "return":
+                sim.return_to_service(hosts, op)
+            elif kind == "offboard":
+                sim.offboard(rng.choice(hosts), "broken", op)
+            elif kind == "fail":
+                sim.fail(rng.choice(hosts))
+            elif kind == "repaired":
+                sim.repaired(rng.choice(hosts))
+            elif kind == "handover":
+                sim.handover(hosts, op, "op-3")
+            elif kind == "checkpoint":
+                sim.request_checkpoint([j.id for j in sim.jobs()][:1])
+            elif kind == "job":
+                sim.set_job(rng.choice(["job-01", "job-02"]), stuck=rng.random() < 0.5)
+            else:
+                clock.fleet(rng.choice([10.0, 60.0, 130.0, 400.0, 4000.0]))
+        except FleetError:
+            pass  # a refusal changes nothing it refused
+        after_each()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reads_of_what_changed_since_a_cursor_always_add_up_to_a_full_read(clock: FakeClock, seed: int) -> None:
+    """Two readers keep their view of the hosts by `host_changes` alone (one of a domain and a half, one of the
+    fleet): after every change of any kind, each view equals a full read; an answer never holds a host that did
+    not change, and a cursor of another engine gets a full answer, marked as such."""
+    import json
+
+    sim = SimEngine(small_config(host_failure_per_hour=2.0, upgrade_fail_rate=0.2, check_fail_rate=0.2), None,
+                    clock=clock)
+    rng = random.Random(seed)
+    some = [h.name for h in sim.hosts()][2:9]
+    views: dict[tuple[str, ...] | None, tuple[str, dict[str, Any]]] = {}
+    for key in (tuple(some), None):
+        cursor, content, delta = sim.host_changes(None if key is None else list(key), None)
+        assert not delta
+        views[key] = (cursor, {h["name"]: h for h in json.loads(content)})
+
+    def check_views() -> None:
+        full = {h["name"]: h for h in json.loads(sim.hosts_json(None))}
+        for key, (cursor, seen) in list(views.items()):
+            new_cursor, content, delta = sim.host_changes(None if key is None else list(key), cursor)
+            assert delta
+            changed = json.loads(content)
+            merged = seen | {h["name"]: h for h in changed}
+            want = {n: full[n] for n in (key or full)}
+            assert merged == want
+            views[key] = (new_cursor, merged)
+            again = sim.host_changes(None if key is None else list(key), new_cursor)
+            assert again[1] == b"[]" and again[2]  # nothing changed since: nothing in the answer
+
+    _random_world_steps(sim, clock, rng, 60, check_views)
+    other = SimEngine(small_config(), None, clock=clock)
+    cursor = sim.host_changes(None, None)[0]
+    _, content, delta = other.host_changes(None, cursor)
+    assert not delta and len(json.loads(content)) == 16
+    for bad in ("", "nonsense", cursor + "9", cursor.split(".")[0] + ".x"):
+        assert sim.host_changes(None, bad)[2] is False
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_what_is_saved_row_by_row_is_the_world_after_any_sequence_of_changes(
+        clock: FakeClock, tmp_path: Path, seed: int) -> None:
+    """Only the rows that changed are written, found by the objects themselves noting each change: an engine
+    opened on the database after any sequence of calls sees the same hosts, jobs and checks as the live one."""
+    db = str(tmp_path / "sim.db")
+    cfg = small_config(host_failure_per_hour=2.0, upgrade_fail_rate=0.2, check_fail_rate=0.2)
+    sim = SimEngine(cfg, db, clock=clock)
+    rng = random.Random(seed)
+    count = [0]
+
+    def compare() -> None:
+        count[0] += 1
+        if count[0] % 10:
+            return
+        live = (sim.hosts(), sim.jobs(), sorted(sim._checks.items()))
+        again = SimEngine(cfg, db, clock=clock)
+        try:
+            assert (again.hosts(), again.jobs(), sorted(again._checks.items())) == live
+        finally:
+            again.close()
+
+    _random_world_steps(sim, clock, rng, 50, compare)
+    sim.close()

@@ -16,6 +16,7 @@ import base64
 import logging
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
@@ -36,6 +37,13 @@ _HOST = TypeAdapter(Host)
 _JOBS = TypeAdapter(list[Job])
 _CHECKS = TypeAdapter(list[CheckResult])
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+# Reads of hosts by "what changed since" (docs/design.md, "The HTTP fleet API"): a server that can answers a
+# read of hosts with a cursor in CURSOR_HEADER; the next read of the same hosts sends it back as `since`, and
+# an answer that holds only the hosts changed since then says so by echoing it in CHANGES_HEADER. A server
+# that sends no cursor is read whole every time, as before.
+CURSOR_HEADER = "Railyard-Cursor"
+CHANGES_HEADER = "Railyard-Changes-Since"
+VIEWS_KEPT = 16  # the lists of hosts (a domain's, the whole fleet) read by changes, the least recent dropped
 log = logging.getLogger("railyard.fleet.http")
 T = TypeVar("T")
 
@@ -97,6 +105,9 @@ class HttpFleet:
             auth = _Auth("Basic", basic)
             self._secrets = (password, basic)
         self.auth_scheme = auth.scheme.lower() if auth else None
+        # per list of names read (None: the fleet): (the server's cursor, the hosts as of it, by name); each
+        # entry is replaced whole, never changed in place, so reads in two threads never mix two answers
+        self._views: OrderedDict[tuple[str, ...] | None, tuple[str, dict[str, Host]]] = OrderedDict()
         self.session = requests.Session()
         self.session.auth = auth
         if auth and parts.scheme == "http" and (parts.hostname or "") not in _LOOPBACK:
@@ -121,19 +132,46 @@ class HttpFleet:
     def hosts(self, names: list[str] | None = None) -> list[Host]:
         if names is not None and not names:
             return []
+        key = None if names is None else tuple(names)
+        view = self._views.get(key)
+        since = view[0] if view is not None else None
         if names is None:
-            return self._parse(_HOSTS, self._call("GET", "/v1/hosts", raw=True), "/v1/hosts")
-        # by name in a body: a domain's names (thousands) do not fit in a URL
-        content = self._call("POST", "/v1/hosts/query", body={"names": list(names)}, raw=True)
-        return self._parse(_HOSTS, content, "/v1/hosts/query")
+            path = "/v1/hosts"
+            resp = self._call("GET", path, params={"since": since} if since else None, raw=True)
+        else:  # by name in a body: a domain's names (thousands) do not fit in a URL
+            path = "/v1/hosts/query"
+            body: dict[str, Any] = {"names": list(names)} | ({"since": since} if since else {})
+            resp = self._call("POST", path, body=body, raw=True)
+        got = self._parse(_HOSTS, resp.content, path)
+        if view is not None and resp.headers.get(CHANGES_HEADER) == since:  # only what changed since
+            if key is not None and not {h.name for h in got} <= set(key):
+                raise FleetError(f"fleet at {self.base_url}: POST {path} answered hosts it was not asked for")
+            by_name = dict(view[1])
+            by_name.update((h.name, h) for h in got)
+        else:
+            by_name = {h.name: h for h in got}
+        cursor = resp.headers.get(CURSOR_HEADER)
+        if cursor:
+            self._views[key] = (cursor, by_name)
+            self._views.move_to_end(key)
+            while len(self._views) > VIEWS_KEPT:
+                self._views.popitem(last=False)
+        else:
+            self._views.pop(key, None)
+        if names is None:
+            return list(by_name.values())
+        try:
+            return [by_name[n] for n in names]
+        except KeyError as exc:
+            raise FleetError(f"fleet at {self.base_url}: POST {path} left out host {exc.args[0]!r}") from None
 
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         if hosts is not None and not hosts:
             return []
         if hosts is None:
-            return self._parse(_JOBS, self._call("GET", "/v1/jobs", raw=True), "/v1/jobs")
-        content = self._call("POST", "/v1/jobs/query", body={"names": list(hosts)}, raw=True)
-        return self._parse(_JOBS, content, "/v1/jobs/query")
+            return self._parse(_JOBS, self._call("GET", "/v1/jobs", raw=True).content, "/v1/jobs")
+        resp = self._call("POST", "/v1/jobs/query", body={"names": list(hosts)}, raw=True)
+        return self._parse(_JOBS, resp.content, "/v1/jobs/query")
 
     def request_checkpoint(self, job_ids: list[str]) -> float:
         return float(self._call("POST", "/v1/jobs/checkpoint", body={"jobs": list(job_ids)})["requested_at"])
@@ -162,8 +200,8 @@ class HttpFleet:
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         if not hosts:
             return []
-        content = self._call("POST", "/v1/checks/query", body={"hosts": list(hosts), "op": op}, raw=True)
-        return self._parse(_CHECKS, content, "/v1/checks/query")
+        resp = self._call("POST", "/v1/checks/query", body={"hosts": list(hosts), "op": op}, raw=True)
+        return self._parse(_CHECKS, resp.content, "/v1/checks/query")
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
         if hosts:
@@ -256,7 +294,7 @@ class HttpFleet:
                 problem = f"HTTP {resp.status_code}"
                 continue
             if raw and resp.status_code < 400:
-                return resp.content
+                return resp  # the caller parses the content (and may read the headers)
             return self._answer(resp, method, path)
         tries = self.retries + 1
         raise FleetError(

@@ -18,7 +18,9 @@ from railyard.ledger.base import LedgerBase
 from railyard.ledger.schema import (
     _action_done,
     _audit,
+    _audit_row,
     _lock,
+    _q,
     audit,
     capacity_samples,
     leases,
@@ -214,8 +216,9 @@ class Records(LedgerBase):
             c.execute(insert(verifications), [
                 {"op_id": op_id, "host": host, "passed": int(passed), "versions": json.dumps(versions, sort_keys=True),
                  "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
-            for host, passed, _versions, reason in verdicts:
-                _audit(c, now, "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "")
+            c.execute(_q("audit"), [  # one statement for the domain's rows (executemany)
+                _audit_row(now, "railyard", op_id, "verified" if passed else "check_failed", [host], reason or "",
+                           prefix="a_") for host, passed, _versions, reason in verdicts])
 
     def verification(self, op_id: str, host: str) -> tuple[bool, dict[str, str], str | None] | None:
         return self.verifications(op_id, [host]).get(host)
@@ -223,12 +226,15 @@ class Records(LedgerBase):
     def verifications(self, op_id: str, hosts: list[str] | None = None
                       ) -> dict[str, tuple[bool, dict[str, str], str | None]]:
         """host -> (passed, versions, reason) of `op_id`'s latest check (of `hosts` only, when given); one query."""
-        q = select(verifications).where(verifications.c.op_id == op_id)
+        v = verifications.c
+        q = select(v.host, v.passed, v.versions, v.reason).where(v.op_id == op_id)
         if hosts is not None:
-            q = q.where(verifications.c.host.in_(list(hosts)))
+            q = q.where(v.host.in_(list(hosts)))
         with self.engine.connect() as c:
-            rows = c.execute(q).all()
-        return {r.host: (bool(r.passed), json.loads(r.versions), r.reason) for r in rows}
+            rows = c.execute(q).tuples().all()
+        parsed: dict[str, dict[str, str]] = {}  # a domain's hosts checked at one set of versions: parsed once
+        return {host: (bool(passed), dict(parsed.get(versions) or parsed.setdefault(versions, json.loads(versions))),
+                       reason) for host, passed, versions, reason in rows}
 
     def detail(self, op_id: str) -> dict[str, Any]:
         op = self.operation(op_id)
@@ -280,7 +286,7 @@ class Records(LedgerBase):
         if op_id is not None:
             q = q.where(leases.c.op_id == op_id)
         with self.engine.connect() as c:
-            return {r.host: r.op_id for r in c.execute(q)}
+            return dict(c.execute(q).tuples().all())  # plain tuples: a domain's thousand rows without a Row each
 
     def domains_out(self) -> dict[str, str]:
         """domain -> op id holding it."""

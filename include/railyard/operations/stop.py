@@ -133,7 +133,8 @@ class Stop:
             return self.targets
         if self._host_targets is None:  # computed once per Stop; frozen in the ledger once the domain is held
             self._host_targets = stop_host_targets(self)
-        return self._host_targets.get(host, self.targets)
+        found = self._host_targets.get(host)
+        return self.targets if found is None else found
 
     @property
     def timeouts(self) -> TimeoutsSpec:
@@ -644,7 +645,8 @@ class Stop:
         hosts = self.fleet.hosts(held)
         self._settle_repairs(hosts)
         held = self.held()
-        hosts = [h for h in hosts if h.name in set(held)]
+        holding = set(held)
+        hosts = [h for h in hosts if h.name in holding]
         known = self.ledger.verifications(self.op_id)
         unverified = [h for h in hosts if h.state == HostState.DRAINED and not self.verified(h, known)]
         seen = set(self.offboarded())

@@ -1,5 +1,5 @@
 """Railyard's cost of a stop as a domain grows: the same stops at 64 and at 1,024 hosts a domain (and, with
-`--fleet`, over 76,800 hosts in 20 domains of 3,840), on the simulator served over HTTP.
+`--fleet`, a whole train over 76,800 hosts in 20 domains of 3,840), on the simulator served over HTTP.
 
 A stop here is the train's steps in order (take, checkpoints, drain, upgrade, check, return), run in this
 process through `HttpFleet`, the production client, against `railyard sim serve` at the demo's settings
@@ -15,7 +15,7 @@ demo's releases and jobs scaled with the fleet (6 jobs of 8 hosts per 64 hosts).
 - the fleet's latency per endpoint as this client saw it (p50 / p99), the simulator under the train.
 Airflow's own cost per task is the same at any size (bench_train.py measures it); it is not in these figures.
 
-    .venv/bin/python bench/bench_stop.py [--sizes 64,1024 --domains 4 --stops 2] [--fleet]
+    .venv/bin/python bench/bench_stop.py [--sizes 64,1024 --domains 4 --stops 2] [--fleet [--fleet-stops N]]
 
 Prints a table, then one JSON object of the figures as the last line.
 """
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sizes", default="64,1024", help="hosts a domain, comma-separated (the first is the baseline)")
     ap.add_argument("--domains", type=int, default=4)
     ap.add_argument("--stops", type=int, default=2)
-    ap.add_argument("--fleet", action="store_true", help="also 76,800 hosts in 20 domains of 3,840")
+    ap.add_argument("--fleet", action="store_true", help="also a train over 76,800 hosts in 20 domains of 3,840")
+    ap.add_argument("--fleet-stops", type=int, default=20, help="stops of that train (20: all of it)")
     args = ap.parse_args(argv)
     runs = []
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs.append(run_size(args.domains, size, args.stops, Path(d)))
     if args.fleet:
         with tempfile.TemporaryDirectory(prefix="railyard-bench-stop-") as d:
-            runs.append(run_size(20, 3840, args.stops, Path(d)))
+            runs.append(run_size(20, 3840, args.fleet_stops, Path(d)))
     base = runs[0]["overhead_per_stop_s"]
     print(f"{'hosts/domain':>12} {'fleet':>7} {'wall s':>7} {'work s':>7} {'span s':>7} {'ckpt s':>7} "
           f"{'overhead s':>10} {'x base':>6} {'calls':>6} {'client CPU s':>12}")
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for k, v in r["stops"][-1]["latency"].items():
             print(f"  {k:<28} n={v['n']:<5} p50 {v['p50_ms']:>7.1f} ms  p99 {v['p99_ms']:>7.1f} ms")
     figures = {"runs": runs, "baseline_overhead_s": base,
-               "ratios": {r["hosts_per_domain"]: round(r["overhead_per_stop_s"] / base, 2) for r in runs}}
+               "ratios": {r["hosts_per_domain"]: round(r["overhead_per_stop_s"] / base, 2) for r in runs},
+               "goals": {1024: GOAL_RATIO_1024, 3840: GOAL_RATIO_FLEET}}
     print(json.dumps(figures))
     return figures
 

@@ -18,6 +18,7 @@ import bench_parse  # noqa: E402
 import bench_plan  # noqa: E402
 import bench_size  # noqa: E402
 import bench_ssh  # noqa: E402
+import bench_stop  # noqa: E402
 import bench_train  # noqa: E402
 
 Row = tuple[str, str, str, str, bool]  # figure, Railyard, baseline, goal, met
@@ -59,6 +60,20 @@ def rows_ssh(f: dict[str, Any]) -> list[Row]:
     ]
 
 
+def rows_stop(f: dict[str, Any]) -> list[Row]:
+    base = f["baseline_overhead_s"]
+    out: list[Row] = []
+    for r in f["runs"][1:]:
+        n, ratio = r["hosts_per_domain"], f["ratios"][r["hosts_per_domain"]]
+        goal = f["goals"].get(n)
+        what = (f"overhead per stop, a {len(r['stops'])}-stop train over {r['hosts']:,} hosts, {n:,} a domain"
+                if r["hosts"] > 10_000 else f"overhead per stop, {n:,} hosts a domain")
+        out.append((what, f"{r['overhead_per_stop_s']:.2f} s ({ratio}x), {r['calls_per_stop']:.0f} calls",
+                    f"64 hosts a domain {base:.2f} s", f"<= {goal}x" if goal else "-",
+                    goal is not None and ratio <= goal))
+    return out
+
+
 def rows_ledger(f: dict[str, Any]) -> list[Row]:
     return [("ledger lease ops/s, PostgreSQL, 8 writers", f"{f['lease_ops_per_s']:,}/s ({f['lease_over_floor']:.2f}x)",
              f"1-row UPDATE floor {f['floor_txn_per_s']:,}/s", ">= 1,000/s and >= 0.5x floor", f["goal_met"])]
@@ -90,6 +105,8 @@ BENCHES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]]
     ("railyard size on 75,000 hosts (600,000 GPUs), vs validating the same input", bench_size.main, rows_size),
     ("Demo train: wall time vs the work floor, and Airflow alone on the same shape", bench_train.main, rows_train),
     ("SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible", bench_ssh.main, rows_ssh),
+    ("A stop as its domain grows: 64 vs 1,024 hosts a domain, and a train over 76,800 hosts, on the simulator",
+     lambda: bench_stop.main(["--fleet"]), rows_stop),
     ("Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor",
      lambda: bench_ledger.main([]), rows_ledger),
     ("Railyard page: JSON and Chromium load at 76,800 hosts in 1,200 domains, vs the 64-host demo fleet",

@@ -38,3 +38,20 @@ def test_a_bench_that_breaks_is_a_failed_row_and_a_failed_run(monkeypatch, capsy
     table = out.out.split("== Every figure, beside its baseline and its goal ==")[1]
     assert "orchestration overhead per stop" in table and "3.36 s" in table
     assert "SSH fan-out  " in table and "FAILED" in table
+
+
+def test_the_stop_rows_judge_each_size_against_its_own_goal():
+    def run(hosts_per_domain: int, domains: int, overhead: float, stops: int = 2) -> dict:
+        return {"hosts_per_domain": hosts_per_domain, "hosts": hosts_per_domain * domains,
+                "overhead_per_stop_s": overhead, "calls_per_stop": 140, "stops": [{}] * stops}
+
+    figures = {"runs": [run(64, 4, 0.4), run(1024, 4, 0.7), run(3840, 20, 0.9, stops=20)],
+               "baseline_overhead_s": 0.4, "ratios": {64: 1.0, 1024: 1.75, 3840: 2.25},
+               "goals": {1024: 1.5, 3840: 2.0}}
+    rows = bench_run.rows_stop(figures)
+    assert [(r[0], r[3], r[4]) for r in rows] == [
+        ("overhead per stop, 1,024 hosts a domain", "<= 1.5x", False),
+        ("overhead per stop, a 20-stop train over 76,800 hosts, 3,840 a domain", "<= 2.0x", False)]
+    figures["ratios"] = {64: 1.0, 1024: 1.4, 3840: 1.9}
+    assert [r[4] for r in bench_run.rows_stop(figures)] == [True, True]
+    assert "0.70 s (1.4x)" in bench_run.rows_stop(figures)[0][1]

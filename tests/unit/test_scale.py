@@ -183,22 +183,23 @@ def test_the_simulator_builds_its_bulk_answers_once_per_change_of_the_world(tmp_
     clock = Clock()
     engine = SimEngine(cfg, str(tmp_path / "sim.db"), clock=clock)
     scans = Counter[str]()
-    real_scan = engine._scan_next_due
+    real_due = engine._host_due
 
-    def scan() -> float | None:
-        scans["next_due"] += 1
-        return real_scan()
+    def due(h: Any) -> float | None:
+        scans["host"] += 1
+        return real_due(h)
 
-    monkeypatch.setattr(engine, "_scan_next_due", scan)
+    monkeypatch.setattr(engine, "_host_due", due)
     first = engine.hosts_json()
     assert TypeAdapter(list[Host]).validate_json(first) == engine.hosts()
     for _ in range(5):  # idle: the clock moves, nothing falls due, nothing is rebuilt
         clock.advance(0.1)
         assert engine.hosts_json() is first
         engine.advance()
-    assert scans["next_due"] <= 1
+    assert scans["host"] == 0  # no host looked at again
     pod = list(cfg.domain("pod-a03").hosts)
-    engine.drain(pod, "op-1")  # a change: answered at once, from the new world
+    engine.drain(pod, "op-1")  # a change: answered at once, from the new world, looking at what it changed
+    assert len(pod) <= scans["host"] < len(engine.hosts()) // 4
     after = {h["name"]: h for h in json.loads(engine.hosts_json())}
     assert {after[n]["state"] for n in pod} == {"draining"} and after["hb03-1"]["state"] == "serving"
     assert engine.hosts_json(pod[:1]) == json.dumps([after[pod[0]]], separators=(",", ":")).encode()
@@ -290,13 +291,32 @@ def test_a_stops_calls_to_the_fleet_and_the_ledger_do_not_grow_with_its_domain(t
 
 
 def test_an_offboard_after_a_thousand_audit_rows_of_the_same_operation_is_still_seen(tmp_path: Path) -> None:
-    """A domain of 1,024 hosts writes a verdict row per host: a host offboarded after them is still the
-    stop's offboard (the audit's page of 1,000 rows once hid it, and the stop would have returned it)."""
+    """A domain of 1,024 hosts may write an audit row per host (a failed check each): a host offboarded after
+    them is still the stop's offboard (the audit's page of 1,000 rows once hid it, and the stop would have
+    returned it)."""
     from tests.unit.test_stop import world
 
     _cfg, _clock, _fleet, ledger, stop = world(tmp_path)
     s = stop()
-    ledger.record_verifications(s.op_id, [(f"h{i}", True, {}, None) for i in range(1100)])
+    ledger.record_verifications(s.op_id, [(f"h{i}", False, {}, "dcgmi diag failed") for i in range(1100)])
     ledger.note(s.op_id, "offboard", ["ha2"], "health check failed")
     assert len(ledger.audit_rows(s.op_id)) == 1000  # the default page
     assert s.offboarded() == ["ha2"]
+
+
+def test_a_domains_passing_checks_are_one_audit_row_that_each_hosts_history_finds(tmp_path: Path) -> None:
+    """The verdicts of a domain's checks: one audit row names every host that passed, one row each failure
+    with its reason; a host's history still shows its own."""
+    from tests.unit.test_stop import world
+
+    _cfg, _clock, _fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    ledger.record_verifications(s.op_id, [(f"h{i}", True, {"kernel": "6.1.0-28"}, None) for i in range(500)]
+                                + [("hbad", False, {}, "XID 79 on GPU 3")])
+    rows = ledger.audit_rows(s.op_id, limit=None)
+    assert [(r["action"], len(r["hosts"]), r["reason"]) for r in rows] == [
+        ("verified", 500, ""), ("check_failed", 1, "XID 79 on GPU 3")]
+    assert [e["action"] for e in ledger.host_history("h42")["events"]] == ["verified"]
+    assert [e["action"] for e in ledger.host_history("hbad")["events"]] == ["check_failed"]
+    assert ledger.verifications(s.op_id, ["h42", "hbad"]) == {"h42": (True, {"kernel": "6.1.0-28"}, None),
+                                                            "hbad": (False, {}, "XID 79 on GPU 3")}

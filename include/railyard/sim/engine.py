@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import json
 import math
 import random
@@ -89,10 +90,11 @@ class _Tracked:
     assignment: such code calls `changed()` itself."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        sink = self.__dict__.get("_sink")
+        d = self.__dict__  # (plain fields, no descriptors: the dict is the attribute, and faster to set)
+        d[name] = value
+        sink = d.get("_sink")
         if sink is not None:
-            sink.add(self.__dict__["_key"])
+            sink.add(d["_key"])
 
     def changed(self) -> None:
         sink = self.__dict__.get("_sink")
@@ -307,6 +309,16 @@ class SimEngine:
         self._host_log: list[tuple[int, str]] = []
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, tuple[str, bytes]] = {}  # name -> (snapshot JSON, API JSON), until it changes
+        # What the clock waits for, kept as objects change: each host's and job's next event time, and a heap
+        # of (time, key) whose entries are current while they match `_due` (the rest are dropped when seen).
+        self._due: dict[tuple[str, str], float] = {}
+        self._due_heap: list[tuple[float, tuple[str, str]]] = []
+        # The capacity picture, kept as hosts change: hosts per state, and per domain its hosts out for
+        # maintenance (not a repair's); `_counted` is what each host was counted as.
+        self._states: Counter[HostState] = Counter()
+        self._out: Counter[str] = Counter()
+        self._counted: dict[str, tuple[HostState, str | None]] = {}
+        self._pending: set[str] = set()  # the jobs waiting for hosts
         self._saved_t: float | None = None
 
         world, clock_t, rows = self._store.load() if self._store else (None, None, [])
@@ -314,8 +326,9 @@ class SimEngine:
             self._seed_world()
         else:
             self._restore(world, clock_t, rows)
+            self._flush()  # counted and timed as read
             if world.get("version") == SNAPSHOT_VERSION:
-                self._touched.clear()  # what was read is what is stored (a version-1 world is written anew)
+                self._unsaved.clear()  # what was read is what is stored (a version-1 world is written anew)
         self._base_fleet = self._t
         self._base_real = self._clock()
         with self._lock:
@@ -506,6 +519,17 @@ class SimEngine:
             if check is not None:
                 out.append(check.public())
         return out
+
+    @_locked
+    def check_results_json(self, hosts: list[str], op: str) -> bytes:
+        """`check_results` as a JSON array of `CheckResult` objects, for the API (a domain's thousands
+        encoded at once rather than a model each)."""
+        rows = []
+        for name in hosts:
+            c = self._checks.get((self._host(name).name, op))
+            if c is not None:
+                rows.append({"host": c.host, "status": c.status, "reason": c.reason, "versions": c.versions})
+        return _encode(rows)
 
     @_locked
     def return_to_service(self, hosts: list[str], op: str) -> None:
@@ -731,33 +755,36 @@ class SimEngine:
         self._persist()
 
     def _next_due(self) -> float | None:
-        due: float | None = self._cached("next_due", self._scan_next_due)
-        return due
+        self._flush()
+        heap = self._due_heap
+        while heap and self._due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # an entry from before its object changed
+        return heap[0][0] if heap else None
 
-    def _scan_next_due(self) -> float | None:
-        times: list[float] = []
-        for h in self._hosts.values():
-            if h.until is not None:
-                times.append(h.until)
-            if h.state == HostState.SERVING and h.fail_at is not None:
-                times.append(h.fail_at)
-        for j in self._jobs.values():
-            if j.state == "running" and not j.stuck:
-                times.append(j.last_checkpoint + j.checkpoint_interval)
-                if j.checkpoint_due is not None:
-                    times.append(j.checkpoint_due)
-        return min(times, default=None)
+    def _take_due(self, t: float) -> tuple[list[_Job], list[_Host]]:
+        """The jobs and hosts whose next event is at or before `t`, each in name order."""
+        jobs: set[str] = set()
+        hosts: set[str] = set()
+        heap = self._due_heap
+        while heap and heap[0][0] <= t:
+            due, key = heapq.heappop(heap)
+            if self._due.get(key) == due:
+                del self._due[key]
+                self._touched.add(key)  # its next event is found again once it has changed
+                (jobs if key[0] == "jobs" else hosts).add(key[1])
+        return [self._jobs[k] for k in sorted(jobs)], [self._hosts[n] for n in sorted(hosts)]
 
     def _fire(self, t: float) -> None:
         self._dirty = True
-        for j in (self._jobs[k] for k in sorted(self._jobs)):
+        jobs, hosts = self._take_due(t)  # what is due; nothing else would change here
+        for j in jobs:
             if j.state != "running" or j.stuck:
                 continue
             if j.checkpoint_due is not None and j.checkpoint_due <= t:
                 j.last_checkpoint, j.checkpoint_due = j.checkpoint_due, None
             if j.last_checkpoint + j.checkpoint_interval <= t:
                 j.last_checkpoint += j.checkpoint_interval
-        for h in self._sorted_hosts():
+        for h in hosts:
             if h.until is not None and h.until <= t:
                 self._finish(h, t)
             elif h.state == HostState.SERVING and h.fail_at is not None and h.fail_at <= t:
@@ -844,7 +871,8 @@ class SimEngine:
         job.hosts, job.state, job.checkpoint_due = [], "pending", None
 
     def _place_pending(self, order: list[str] | None = None) -> None:
-        pending = [self._jobs[k] for k in sorted(self._jobs) if self._jobs[k].state == "pending"]
+        self._flush()
+        pending = [self._jobs[k] for k in sorted(self._pending)]
         if not pending:
             return
         if order is None and self._derived.get("placed", (-1, None))[0] == self._gen:
@@ -935,16 +963,68 @@ class SimEngine:
         if not self._touched:
             return
         self._seq += 1
-        for kind, key in self._touched:
+        for item in self._touched:
+            kind, key = item
             if kind == "hosts":
                 self._host_rev[key] = self._seq
                 self._host_log.append((self._seq, key))
                 self._host_json.pop(key, None)
+                h = self._hosts[key]
+                self._count(h)
+                self._set_due(item, self._host_due(h))
+            elif kind == "jobs":
+                job = self._jobs[key]
+                self._set_due(item, self._job_due(job))
+                if job.state == "pending":
+                    self._pending.add(key)
+                else:
+                    self._pending.discard(key)
         self._unsaved |= self._touched
         self._touched.clear()
         self._gen += 1  # what is derived from the hosts (the fleet's JSON, the picture) is made again
         if len(self._host_log) > 2 * len(self._hosts) + 1024:  # each host's latest entry is all "since" needs
             self._host_log = sorted((rev, name) for name, rev in self._host_rev.items())
+        if len(self._due_heap) > 2 * len(self._due) + 1024:  # drop the entries no longer current
+            self._due_heap = [(t, k) for k, t in self._due.items()]
+            heapq.heapify(self._due_heap)
+
+    @staticmethod
+    def _host_due(h: _Host) -> float | None:
+        """When the host's next event is: its transition's end, or its next failure while serving."""
+        fail = h.fail_at if h.state == HostState.SERVING else None
+        if h.until is None:
+            return fail
+        return h.until if fail is None else min(h.until, fail)
+
+    @staticmethod
+    def _job_due(j: _Job) -> float | None:
+        """When the job's next checkpoint (on its cadence, or one requested) completes."""
+        if j.state != "running" or j.stuck:
+            return None
+        t = j.last_checkpoint + j.checkpoint_interval
+        return t if j.checkpoint_due is None else min(t, j.checkpoint_due)
+
+    def _set_due(self, key: tuple[str, str], t: float | None) -> None:
+        if t is None:
+            self._due.pop(key, None)
+        elif self._due.get(key) != t:
+            self._due[key] = t
+            heapq.heappush(self._due_heap, (t, key))
+
+    def _count(self, h: _Host) -> None:
+        """Count the host in the picture as it is now, in place of what it was counted as."""
+        out = h.domain if h.state in MAINTENANCE_STATES and not (h.operation or "").startswith("repair/") else None
+        old = self._counted.get(h.name)
+        if old == (h.state, out):
+            return
+        if old is not None:
+            self._states[old[0]] -= 1
+            if old[1] is not None:
+                self._out[old[1]] -= 1
+        self._states[h.state] += 1
+        if out is not None:
+            self._out[out] += 1
+        self._counted[h.name] = (h.state, out)
 
     def _host_part(self, name: str) -> tuple[str, bytes]:
         """One host's (snapshot JSON, API JSON), kept until the host changes."""
@@ -1071,17 +1151,11 @@ class SimEngine:
         return value
 
     def _picture(self) -> tuple[int, dict[str, int], list[str]]:
-        """(serving hosts, hosts per state, domains out), once per generation of the world."""
-        picture: tuple[int, dict[str, int], list[str]] = self._cached("picture", self._scan_picture)
-        return picture
-
-    def _scan_picture(self) -> tuple[int, dict[str, int], list[str]]:
-        states = Counter(h.state for h in self._hosts.values())
-        by_state = {s.value: states.get(s, 0) for s in HostState}
-        # A host held by a repair operation (`repair/...`) is one broken host, not a domain out.
-        out = {h.domain for h in self._hosts.values()
-               if h.state in MAINTENANCE_STATES and not (h.operation or "").startswith("repair/")}
-        return by_state[HostState.SERVING.value], by_state, sorted(out)
+        """(serving hosts, hosts per state, domains out): counted as hosts change (`_count`). A host held by a
+        repair operation (`repair/...`) is one broken host, not a domain out."""
+        self._flush()
+        by_state = {st.value: self._states.get(st, 0) for st in HostState}
+        return by_state[HostState.SERVING.value], by_state, sorted(d for d, n in self._out.items() if n > 0)
 
     def _sorted_hosts(self) -> list[_Host]:
         return [self._hosts[n] for n in self._names]

@@ -133,7 +133,7 @@ class SlurmFleet:
         self._gpus_of: dict[str, int] = {}  # GPUs per node seen in the last sinfo (hardware: stable)
         self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._reported: set[tuple[str, str]] = set()
-        self._version: tuple[int, int] | None = None
+        self._version: tuple[int, int, int] | None = None
 
     @classmethod
     def reader(cls, config: RailyardConfig) -> SlurmFleet:
@@ -237,29 +237,49 @@ class SlurmFleet:
 
     def slurm_version(self) -> tuple[int, int]:
         """(major, minor) of the Slurm the CLI talks to (`scontrol --version`: "slurm 23.11.4"), once."""
+        major, minor, _micro = self.slurm_release()
+        return major, minor
+
+    def slurm_release(self) -> tuple[int, int, int]:
+        """(major, minor, micro): "slurm 24.05.1" -> (24, 5, 1); a version without a micro reads 0."""
         if self._version is None:
-            m = re.search(r"(\d+)\.(\d+)", self.cli.run("scontrol", "--version"))
+            m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", self.cli.run("scontrol", "--version"))
             if m is None:
                 raise FleetError("scontrol --version: no version in its answer")
-            self._version = (int(m[1]), int(m[2]))
+            self._version = (int(m[1]), int(m[2]), int(m[3] or 0))
         return self._version
 
     def _sinfo(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """One record per node, each with its own state, reason, features, GPUs and address. From 23.02 on
         `sinfo --json` groups nodes into rows that carry one node's reason and features for all of them, so
-        nodes are read with `scontrol --json show nodes [NAMES]` (one object per node; only the nodes
-        asked for); 22.05 has no `scontrol --json`, and its `sinfo --json` prints one object per node."""
+        nodes are read with `scontrol --json show nodes [HOSTLIST]` (one object per node; only the nodes
+        asked for, named as one hostlist); 22.05 has no `scontrol --json`, and its `sinfo --json` prints one
+        object per node, of every node: it ignores `-n` (filtered here)."""
         if self.slurm_version() >= (23, 2):
-            argv = ["scontrol", "--json", "show", "nodes", *([",".join(sorted(names))] if names else [])]
-            records = parse.node_records(json.loads(self.cli.run(*argv)))
+            records = []
+            for hostlist in chunks(names) if names else [None]:
+                argv = ["scontrol", "--json", "show", "nodes", *([hostlist] if hostlist else [])]
+                records += parse.node_records(json.loads(self.cli.run(*argv)))
         else:
             records = parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
         seen = {parse.node_name(n): parse.gpus_per_node(n) for n in records}
         self._gpus_of = {**self._gpus_of, **seen} if names else seen
         return records
 
-    def _squeue(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
+    def _squeue(self, nodes: list[str] | None = None, ids: list[str] | None = None) -> list[dict[str, Any]]:
+        """Jobs; with `nodes` (or `ids`), those Slurm says run on them (or have them as ids), asked for by hostlist
+        (`--nodelist`, or `--jobs`) where `squeue --json` honours filters (24.05.1 on: SchedMD's "Fix squeue
+        --json not using filtering options"). Before that it prints every job whatever it is asked: callers
+        filter by the job's nodes or id themselves either way."""
+        if (nodes is not None and not nodes) or (ids is not None and not ids):
+            return []
+        if (nodes is None and ids is None) or self.slurm_release() < (24, 5, 1):
+            return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
+        seen: dict[str, dict[str, Any]] = {}
+        for arg in chunks(nodes, "--nodelist=") if nodes is not None else joined(ids or [], "--jobs="):
+            for j in json.loads(self.cli.run("squeue", "--json", arg)).get("jobs", []):
+                seen.setdefault(parse.job_id(j), j)
+        return list(seen.values())
 
     def reservations(self) -> dict[str, dict[str, str]]:
         out = self.cli.run("scontrol", "show", "reservation", "-o")
@@ -408,12 +428,12 @@ class SlurmFleet:
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         """Jobs as Slurm reports them; a read: nothing is requeued here (see `requeue_silent`)."""
         want = set(self._check_hosts(hosts)) if hosts is not None else None
-        queue = self._squeue()
-        # GPUs per node (for jobs that state none) from the last sinfo: a poll that read the hosts
-        # runs no second sinfo; one more only for a node not seen yet
+        queue = self._squeue(sorted(want) if want is not None else None)
+        # GPUs per node (for jobs that state none) from the last node read: a poll that read the hosts
+        # runs no second one; one more only for the nodes not seen yet
         nodes = {h for j in queue if parse.job_nodes(j) for h in expand_hostlist(parse.job_nodes(j))}
-        if not self._gpus_of or not nodes <= self._gpus_of.keys():
-            self._sinfo()
+        if not nodes <= self._gpus_of.keys():
+            self._sinfo(sorted(nodes - self._gpus_of.keys()))
         out = [self._job(j, self._gpus_of) for j in queue]
         return out if want is None else [j for j in out if want & set(j.hosts)]
 
@@ -533,8 +553,8 @@ class SlurmFleet:
         for jid in job_ids:
             if not re.fullmatch(r"\d{1,12}", str(jid)):
                 raise FleetError(f"job id {jid!r} is not a Slurm job id")
-        running = {parse.job_id(j): expand_hostlist(parse.job_nodes(j)) for j in self._squeue()
-                   if parse.job_state(j) in _RUNNING_JOB}
+        running = {parse.job_id(j): expand_hostlist(parse.job_nodes(j))
+                   for j in self._squeue(ids=[str(jid) for jid in job_ids]) if parse.job_state(j) in _RUNNING_JOB}
         scope = "--full" if self.spec.checkpoint.signal_to == "full" else "--batch"
         with self.store.write() as c:
             for jid in job_ids:
@@ -642,7 +662,7 @@ class SlurmFleet:
         if take:
             self._set_records(take, op=op, phase="held", since=self.now())
             self._update_nodes(take, "state=drain", f"reason={self.reason_for(op)}")
-        victims = sorted({parse.job_id(j) for j in self._squeue()
+        victims = sorted({parse.job_id(j) for j in self._squeue(take)
                           if parse.job_state(j) in _RUNNING_JOB
                           and set(expand_hostlist(parse.job_nodes(j))) & set(take)}, key=int)
         if victims:

@@ -17,6 +17,7 @@ import bench_page  # noqa: E402
 import bench_parse  # noqa: E402
 import bench_plan  # noqa: E402
 import bench_size  # noqa: E402
+import bench_slurm  # noqa: E402
 import bench_ssh  # noqa: E402
 import bench_stop  # noqa: E402
 import bench_train  # noqa: E402
@@ -74,6 +75,13 @@ def rows_stop(f: dict[str, Any]) -> list[Row]:
     return out
 
 
+def rows_slurm(f: dict[str, Any]) -> list[Row]:
+    n, base = f["nodes"], f["baseline_nodes"]
+    return [(f"Slurm commands per stop, {n}-node domain", f"{f['per_stop_top']} ({f['raw'][str(n)]} with polls)",
+             f"{base}-node domain {f['per_stop_baseline']} ({f['raw'][str(base)]} with polls)",
+             f"= the {base}-node count, by command", f["goal_met"])]
+
+
 def rows_ledger(f: dict[str, Any]) -> list[Row]:
     return [("ledger lease ops/s, PostgreSQL, 8 writers", f"{f['lease_ops_per_s']:,}/s ({f['lease_over_floor']:.2f}x)",
              f"1-row UPDATE floor {f['floor_txn_per_s']:,}/s", ">= 1,000/s and >= 0.5x floor", f["goal_met"])]
@@ -107,6 +115,7 @@ BENCHES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]]
     ("SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible", bench_ssh.main, rows_ssh),
     ("A stop as its domain grows: 64 vs 1,024 hosts a domain, and a train over 76,800 hosts, on the simulator",
      lambda: bench_stop.main(["--fleet"]), rows_stop),
+    ("Slurm: commands per stop at 8 and at 64 nodes, a real 64-node test cluster", bench_slurm.main, rows_slurm),
     ("Ledger on PostgreSQL: 8 processes of lease operations vs the database's 1-row commit floor",
      lambda: bench_ledger.main([]), rows_ledger),
     ("Railyard page: JSON and Chromium load at 76,800 hosts in 1,200 domains, vs the 64-host demo fleet",

@@ -11,6 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import run as bench_run  # noqa: E402
 
 TRAIN = {"overhead_per_stop_s": 3.36, "work_seconds": 90.7, "baseline_per_stop_s": 2.43}
+SLURM = {"nodes": 64, "baseline_nodes": 8, "per_stop_top": 28, "per_stop_baseline": 28,
+         "raw": {"8": 43, "64": 42}, "goal_met": True}
 LEDGER = {"lease_ops_per_s": 1879, "lease_over_floor": 0.48, "floor_txn_per_s": 3913, "goal_met": False}
 
 
@@ -24,6 +26,13 @@ def test_every_row_says_met_or_not_from_its_own_figures():
     assert lines[1].endswith("NOT met") and "3.36 s" in lines[1] and "2.43 s/stop" in lines[1]
     assert lines[2].endswith("  met") and "1.90 s" in lines[2]
     assert "1,879/s (0.48x)" in lines[3] and "3,913/s" in lines[3]
+
+
+def test_the_slurm_row_shows_both_sizes_and_is_met_only_when_they_match():
+    ok, grown = bench_run.rows_slurm(SLURM) + bench_run.rows_slurm(SLURM | {"per_stop_top": 105, "goal_met": False})
+    assert ok[0] == "Slurm commands per stop, 64-node domain" and ok[4]
+    assert ok[1] == "28 (42 with polls)" and ok[2] == "8-node domain 28 (43 with polls)"
+    assert grown[1].startswith("105 ") and not grown[4]
 
 
 def test_a_bench_that_breaks_is_a_failed_row_and_a_failed_run(monkeypatch, capsys):

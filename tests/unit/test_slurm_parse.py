@@ -523,10 +523,13 @@ class FixtureCli:
     def __init__(self, case: Case) -> None:
         self.case = case
         self.writes: list[tuple[str, ...]] = []
+        self.reads: list[tuple[str, ...]] = []
 
     def run(self, *argv: str, retry: bool = True) -> str:
         from railyard.backends.slurm.commands import is_write
 
+        if not is_write(argv):
+            self.reads.append(argv)
         if is_write(argv):
             self.writes.append(argv)
             return ""
@@ -584,3 +587,42 @@ def test_the_slurm_fleet_reads_every_version(case: Case, tmp_path: Path) -> None
     assert jobs[case.pending].state == "pending" and jobs[case.pending].hosts == []
     assert fleet.capacity().serving_hosts == 1
     assert cli.writes == []  # reads never write
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_reads_of_some_nodes_name_them_where_the_version_honours_it(case: Case, tmp_path: Path) -> None:
+    """Nodes by hostlist from 23.02 (`scontrol --json show nodes`), jobs by hostlist from 24.05.1 (`squeue --json`
+    honours filters from there on); before, the whole document, filtered here. The answers are the same."""
+    from railyard.backends.slurm.commands import compress_hostlist
+    from railyard.backends.slurm.fleet import SlurmFleet
+    from railyard.domain.config import parse_config
+    from railyard.ledger.state import Store
+
+    names = [case.idle, case.admin, case.draining, *case.running_hosts]
+    cfg = parse_config({
+        "components": [{"name": "gpu-driver"}],
+        "releases": [{"id": "d", "component": "gpu-driver", "version": "570.86.15"}],
+        "domains": [{"name": "d", "hosts": sorted(set(names))}],
+        "trains": [{"id": "t", "releases": ["d"]}],
+        "buffers": {"maintenance": {"hosts": len(set(names))}, "failure": {"hosts": 3}},
+        "fleet": {"backend": "slurm", "slurm": {"runner": "standin"}},
+    })
+    assert cfg.fleet.slurm is not None
+    cli = FixtureCli(case)
+    fleet = SlurmFleet(cfg, cfg.fleet.slurm, NoRunner(), store=Store(f"sqlite:///{tmp_path}/s.db"),  # type: ignore[arg-type]
+                       cli=cli)
+    asked = [case.idle, case.draining]
+    got = {h.name: h.state.value for h in fleet.hosts(asked)}
+    jobs = {j.id for j in fleet.jobs([case.draining])}
+    assert set(got) == set(asked) and case.running in jobs and case.pending not in jobs
+    reads = [r for r in cli.reads if r[:2] != ("scontrol", "--version")]
+    major, minor = (int(x) for x in case.version.split("."))
+    if (major, minor) >= (23, 2):
+        assert reads[0] == ("scontrol", "--json", "show", "nodes", compress_hostlist(asked)), reads
+    else:
+        assert reads[0] == ("sinfo", "--json"), reads
+    if (major, minor) >= (24, 5):  # the fixture CLI says "<version>.1"
+        assert reads[1] == ("squeue", "--json", f"--nodelist={case.draining}"), reads
+    else:
+        assert reads[1] == ("squeue", "--json"), reads
+    assert cli.writes == []

@@ -22,7 +22,8 @@ log = logging.getLogger("railyard.slurm")
 
 # key=value arguments Slurm takes: names, lists of names, reasons, times. No quotes, no shell
 # metacharacters, no newlines.
-_ARG_RE = re.compile(r"^[A-Za-z0-9_.,=:@/+\[\] -]{1,512}$")
+ARG_MAX = 512  # the longest argument `check_arg` lets through: hostlists longer than that are split (`chunks`)
+_ARG_RE = re.compile(rf"^[A-Za-z0-9_.,=:@/+\[\] -]{{1,{ARG_MAX}}}$")
 _UNREACHABLE = (
     "Unable to contact slurm controller",
     "Socket timed out",
@@ -152,4 +153,78 @@ def expand_hostlist(expr: str) -> list[str]:
                 out.extend(f"{prefix}{k:0{width}d}{suffix}" for k in range(int(lo), int(hi) + 1))
             else:
                 out.append(f"{prefix}{part}{suffix}")
+    return out
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress_hostlist(names: Sequence[str]) -> str:
+    """The names in Slurm's hostlist syntax, sorted by prefix and number: n3,n1,n2,gpu-a09,gpu-a10 ->
+    gpu-a[09-10],n[1-3], what `scontrol show hostnames` expands back to the same names (the Slurm tier checks
+    it against the real tool). Only a trailing number is ranged; a name without one is kept as it is. A number
+    with leading zeros ranges with the others of its width (gpu-a[098-100])."""
+    plain: set[str] = set()
+    groups: dict[str, set[str]] = {}
+    for name in names:
+        m = _NUMBERED.match(name)
+        if m is None or "[" in name or "]" in name or "," in name:
+            plain.add(name)
+        else:
+            groups.setdefault(m.group(1), set()).add(m.group(2))
+    parts: list[tuple[str, int, str]] = [(n, 0, n) for n in plain]
+    for prefix, digits in groups.items():
+        padded = {len(d) for d in digits if d.startswith("0") and len(d) > 1}
+        by_width: dict[int, list[int]] = {}
+        for d in digits:
+            by_width.setdefault(len(d) if len(d) in padded else 0, []).append(int(d))
+        for width, nums in by_width.items():
+            nums.sort()
+            runs: list[str] = []
+            lo = prev = nums[0]
+            for k in [*nums[1:], None]:
+                if k is not None and k == prev + 1:
+                    prev = k
+                    continue
+                runs.append(f"{lo:0{width}d}" if lo == prev else f"{lo:0{width}d}-{prev:0{width}d}")
+                if k is not None:
+                    lo = prev = k
+            body = runs[0] if len(nums) == 1 else f"[{','.join(runs)}]"
+            parts.append((prefix, nums[0], f"{prefix}{body}"))
+    return ",".join(text for _p, _n, text in sorted(parts))
+
+
+def chunks(names: Sequence[str], key: str = "", limit: int = ARG_MAX) -> list[str]:
+    """`key` + a hostlist of `names`, as few arguments as fit in `limit` characters each (one, unless the
+    names compress badly: thousands of names with gaps). Each chunk is a run of the sorted names."""
+    ordered = expand_hostlist(compress_hostlist(names))
+    whole = key + compress_hostlist(ordered)
+    if len(whole) <= limit:
+        return [whole] if ordered else []
+    out: list[str] = []
+    start = 0
+    while start < len(ordered):
+        lo, hi = start + 1, len(ordered)  # the longest run from `start` that fits: binary search
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(key) + len(compress_hostlist(ordered[start:mid])) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append(key + compress_hostlist(ordered[start:lo]))
+        start = lo
+    return out
+
+
+def joined(items: Sequence[str], key: str = "", limit: int = ARG_MAX) -> list[str]:
+    """`key` + the items comma-joined (job ids), as few arguments as fit in `limit` characters each."""
+    out: list[str] = []
+    cur = ""
+    for item in items:
+        if cur and len(key) + len(cur) + 1 + len(item) > limit:
+            out.append(key + cur)
+            cur = ""
+        cur = f"{cur},{item}" if cur else item
+    if cur:
+        out.append(key + cur)
     return out

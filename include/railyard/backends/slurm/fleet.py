@@ -41,7 +41,7 @@ from sqlalchemy import select
 
 from railyard.backends.hosts.port import HostRunner, ReportsBusy, RunnerError
 from railyard.backends.slurm import parse
-from railyard.backends.slurm.commands import SlurmCli, expand_hostlist
+from railyard.backends.slurm.commands import SlurmCli, chunks, compress_hostlist, expand_hostlist, joined
 from railyard.backends.slurm.standin import StandinRunner, op_token
 from railyard.domain.config import RailyardConfig
 from railyard.domain.config.slurm import SlurmSpec
@@ -64,6 +64,8 @@ CKPT_RE = re.compile(r"(?:^|[\s,;])railyard_ckpt=(\d+(?:\.\d+)?)")
 _BUSY = {"allocated", "mixed", "completing"}
 _DEAD = {"down", "error", "fail", "future", "unknown"}
 _RUNNING_JOB = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED"}  # all hold their nodes
+SCANCEL_IDS = 256  # job ids per scancel
+_JOB_GONE = re.compile(r"already completing or completed|Invalid job id specified")  # scancel, a job that ended
 _PENDING_JOB = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 STANDIN_WARNING = ("fleet.slurm.runner is 'standin': NOTHING is installed or checked on the nodes "
                    "(test stand-in); never use it on a real cluster")
@@ -131,7 +133,7 @@ class SlurmFleet:
         self._gpus_of: dict[str, int] = {}  # GPUs per node seen in the last sinfo (hardware: stable)
         self._versions_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._reported: set[tuple[str, str]] = set()
-        self._version: tuple[int, int] | None = None
+        self._version: tuple[int, int, int] | None = None
 
     @classmethod
     def reader(cls, config: RailyardConfig) -> SlurmFleet:
@@ -186,10 +188,25 @@ class SlurmFleet:
     def _set_record(self, host: str, **data: Any) -> None:
         self.store.put(NODE, host, data)
 
-    def _update_record(self, host: str, **data: Any) -> None:
+    def _set_records(self, hosts: list[str], **data: Any) -> None:
+        """The same record for every host (its domain its own), in one transaction."""
         with self.store.write() as c:
-            cur = c.execute(select(records.c.data).where(records.c.kind == NODE, records.c.key == host)).first()
-            put(c, NODE, host, {**(json.loads(cur[0]) if cur else {}), **data})
+            for h in hosts:
+                put(c, NODE, h, {**data, "domain": self.domain_of[h]})
+
+    def _update_records(self, hosts: dict[str, dict[str, Any]] | list[str], **data: Any) -> None:
+        """Merge `data` (and, for a dict, each host's own) into each host's record, in one transaction."""
+        each = hosts if isinstance(hosts, dict) else {h: {} for h in hosts}
+        with self.store.write() as c:
+            for h, own in each.items():
+                cur = c.execute(select(records.c.data).where(records.c.kind == NODE, records.c.key == h)).first()
+                put(c, NODE, h, {**(json.loads(cur[0]) if cur else {}), **data, **own})
+
+    def _update_nodes(self, names: list[str], *args: str) -> None:
+        """One `scontrol update nodename=HOSTLIST ...` for all of `names`: more only when their hostlist does not
+        fit one argument (thousands of names with gaps)."""
+        for nodes in chunks(names, "nodename="):
+            self.cli.run("scontrol", "update", nodes, *args)
 
     def _drop_record(self, host: str) -> None:
         self.store.drop(NODE, host)
@@ -220,29 +237,49 @@ class SlurmFleet:
 
     def slurm_version(self) -> tuple[int, int]:
         """(major, minor) of the Slurm the CLI talks to (`scontrol --version`: "slurm 23.11.4"), once."""
+        major, minor, _micro = self.slurm_release()
+        return major, minor
+
+    def slurm_release(self) -> tuple[int, int, int]:
+        """(major, minor, micro): "slurm 24.05.1" -> (24, 5, 1); a version without a micro reads 0."""
         if self._version is None:
-            m = re.search(r"(\d+)\.(\d+)", self.cli.run("scontrol", "--version"))
+            m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", self.cli.run("scontrol", "--version"))
             if m is None:
                 raise FleetError("scontrol --version: no version in its answer")
-            self._version = (int(m[1]), int(m[2]))
+            self._version = (int(m[1]), int(m[2]), int(m[3] or 0))
         return self._version
 
     def _sinfo(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """One record per node, each with its own state, reason, features, GPUs and address. From 23.02 on
         `sinfo --json` groups nodes into rows that carry one node's reason and features for all of them, so
-        nodes are read with `scontrol --json show nodes [NAMES]` (one object per node; only the nodes
-        asked for); 22.05 has no `scontrol --json`, and its `sinfo --json` prints one object per node."""
+        nodes are read with `scontrol --json show nodes [HOSTLIST]` (one object per node; only the nodes
+        asked for, named as one hostlist); 22.05 has no `scontrol --json`, and its `sinfo --json` prints one
+        object per node, of every node: it ignores `-n` (filtered here)."""
         if self.slurm_version() >= (23, 2):
-            argv = ["scontrol", "--json", "show", "nodes", *([",".join(sorted(names))] if names else [])]
-            records = parse.node_records(json.loads(self.cli.run(*argv)))
+            records = []
+            for hostlist in chunks(names) if names else [None]:
+                argv = ["scontrol", "--json", "show", "nodes", *([hostlist] if hostlist else [])]
+                records += parse.node_records(json.loads(self.cli.run(*argv)))
         else:
             records = parse.node_records(json.loads(self.cli.run("sinfo", "--json")))
         seen = {parse.node_name(n): parse.gpus_per_node(n) for n in records}
         self._gpus_of = {**self._gpus_of, **seen} if names else seen
         return records
 
-    def _squeue(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
+    def _squeue(self, nodes: list[str] | None = None, ids: list[str] | None = None) -> list[dict[str, Any]]:
+        """Jobs; with `nodes` (or `ids`), those Slurm says run on them (or have them as ids), asked for by hostlist
+        (`--nodelist`, or `--jobs`) where `squeue --json` honours filters (24.05.1 on: SchedMD's "Fix squeue
+        --json not using filtering options"). Before that it prints every job whatever it is asked: callers
+        filter by the job's nodes or id themselves either way."""
+        if (nodes is not None and not nodes) or (ids is not None and not ids):
+            return []
+        if (nodes is None and ids is None) or self.slurm_release() < (24, 5, 1):
+            return list(json.loads(self.cli.run("squeue", "--json")).get("jobs", []))
+        seen: dict[str, dict[str, Any]] = {}
+        for arg in chunks(nodes, "--nodelist=") if nodes is not None else joined(ids or [], "--jobs="):
+            for j in json.loads(self.cli.run("squeue", "--json", arg)).get("jobs", []):
+                seen.setdefault(parse.job_id(j), j)
+        return list(seen.values())
 
     def reservations(self) -> dict[str, dict[str, str]]:
         out = self.cli.run("scontrol", "show", "reservation", "-o")
@@ -391,12 +428,12 @@ class SlurmFleet:
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         """Jobs as Slurm reports them; a read: nothing is requeued here (see `requeue_silent`)."""
         want = set(self._check_hosts(hosts)) if hosts is not None else None
-        queue = self._squeue()
-        # GPUs per node (for jobs that state none) from the last sinfo: a poll that read the hosts
-        # runs no second sinfo; one more only for a node not seen yet
+        queue = self._squeue(sorted(want) if want is not None else None)
+        # GPUs per node (for jobs that state none) from the last node read: a poll that read the hosts
+        # runs no second one; one more only for the nodes not seen yet
         nodes = {h for j in queue if parse.job_nodes(j) for h in expand_hostlist(parse.job_nodes(j))}
-        if not self._gpus_of or not nodes <= self._gpus_of.keys():
-            self._sinfo()
+        if not nodes <= self._gpus_of.keys():
+            self._sinfo(sorted(nodes - self._gpus_of.keys()))
         out = [self._job(j, self._gpus_of) for j in queue]
         return out if want is None else [j for j in out if want & set(j.hosts)]
 
@@ -435,7 +472,8 @@ class SlurmFleet:
         nodes as they are afterwards."""
         nodes = self._nodes()
         self._replay_unreserve()
-        wrote = False
+        resume: dict[str, str] = {}  # node -> the op that returned it
+        redrain: dict[str, list[str]] = {}  # op -> its nodes
         for name, rec in sorted(self.store.all(NODE).items()):
             node = nodes.get(name)
             if not rec or node is None:
@@ -445,18 +483,21 @@ class SlurmFleet:
                 if "DRAIN" in flags and parse.node_reason(node) == self.reason_for(rec["op"]):
                     log.warning("%s: returned by %s but drained again (a controller restart lost the resume); "
                                 "resuming it again", name, rec["op"])
-                    self.cli.run("scontrol", "update", f"nodename={name}", "state=resume")
-                    self._note("resume_replayed", node=name, op=rec["op"])
-                    wrote = True
+                    resume[name] = rec["op"]
                 continue
             if rec.get("phase") != "held" or "DRAIN" in flags or base in _DEAD:
                 continue
             log.warning("health gate: Slurm resumed %s by itself (%s); draining it again", name, rec["op"])
-            self.cli.run("scontrol", "update", f"nodename={name}", "state=drain",
-                         f"reason={self.reason_for(rec['op'])}")
-            self._note("gate_redrain", node=name, op=rec["op"])
-            wrote = True
-        return self._nodes() if wrote else nodes
+            redrain.setdefault(rec["op"], []).append(name)
+        if resume:  # one command for them all, and one per operation below: never one per node
+            self._update_nodes(list(resume), "state=resume")
+            for name, op in resume.items():
+                self._note("resume_replayed", node=name, op=op)
+        for op, names in sorted(redrain.items()):
+            self._update_nodes(names, "state=drain", f"reason={self.reason_for(op)}")
+            for name in names:
+                self._note("gate_redrain", node=name, op=op)
+        return self._nodes() if resume or redrain else nodes
 
     def forget(self, hosts: list[str], op: str) -> list[str]:
         """`op` lets go of these nodes without returning them (someone else drained them mid-stop, or they
@@ -484,31 +525,50 @@ class SlurmFleet:
     def requeue_silent(self, job_ids: list[str], op: str, why: str) -> list[str]:
         """The `requeue` policy, from the stop's checkpoint step: requeue jobs that stayed silent after the
         request, recording the work lost since their last checkpoint. Never called by a read."""
-        done = []
         now = self.now()
-        for job in self.jobs():
-            if job.id not in job_ids or job.state != "running":
-                continue
-            lost = now - job.last_checkpoint if job.last_checkpoint else None
+        silent = [job for job in self.jobs() if job.id in job_ids and job.state == "running"]
+        for job in silent:
             log.warning("job %s: %s; requeued by policy (%s)", job.id, why, op)
-            self.cli.run("scontrol", "requeue", job.id)
+        self._requeue([job.id for job in silent])
+        for job in silent:
+            lost = now - job.last_checkpoint if job.last_checkpoint else None
             self._note("checkpoint_loss", job=job.id, hosts=job.hosts, requested_at=job.checkpoint_requested_at,
                        last_checkpoint=job.last_checkpoint or None, lost_s=lost, gpus=job.gpus, op=op, why=why)
-            done.append(job.id)
-        return done
+        return [job.id for job in silent]
+
+    def _requeue(self, job_ids: list[str]) -> None:
+        """`scontrol requeue J1,J2,...`: one command for the lot. Slurm tries every job and names each one it did
+        not requeue; one already on its way out (pending again, completing) is no error."""
+        for ids in joined(job_ids):
+            try:
+                self.cli.run("scontrol", "requeue", ids)
+            except FleetError as exc:
+                said = str(exc).removeprefix(f"scontrol requeue {ids}: ").splitlines()
+                if not said or any("pending" not in line.lower() and "completing" not in line.lower()
+                                   for line in said if line.strip()):
+                    raise
 
     def request_checkpoint(self, job_ids: list[str]) -> float:
         at = self.now()
         for jid in job_ids:
             if not re.fullmatch(r"\d{1,12}", str(jid)):
                 raise FleetError(f"job id {jid!r} is not a Slurm job id")
-        running = {parse.job_id(j): expand_hostlist(parse.job_nodes(j)) for j in self._squeue()
-                   if parse.job_state(j) in _RUNNING_JOB}
+        running = {parse.job_id(j): expand_hostlist(parse.job_nodes(j))
+                   for j in self._squeue(ids=[str(jid) for jid in job_ids]) if parse.job_state(j) in _RUNNING_JOB}
         scope = "--full" if self.spec.checkpoint.signal_to == "full" else "--batch"
-        for jid in job_ids:
-            self.store.put(CKPT, jid, {"requested_at": at, "nodes": running.get(jid, [])})
-            if jid in running:
-                self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", scope, jid)
+        with self.store.write() as c:
+            for jid in job_ids:
+                put(c, CKPT, jid, {"requested_at": at, "nodes": running.get(jid, [])})
+        signal = [jid for jid in job_ids if jid in running]
+        for start in range(0, len(signal), SCANCEL_IDS):  # one scancel for every job (a few hundred at most each)
+            some = signal[start:start + SCANCEL_IDS]
+            try:
+                self.cli.run("scancel", f"--signal={self.spec.checkpoint.signal}", scope, *some)
+            except FleetError as exc:  # scancel signals every job it can and names the others
+                gone = [line for line in str(exc).splitlines() if line.strip()]
+                if not gone or any(not _JOB_GONE.search(line) for line in gone):
+                    raise
+                log.info("checkpoint request: some jobs ended meanwhile: %s", exc)
         return at
 
     def _clear_checkpoint_requests(self, *, jobs: frozenset[str] | set[str] = frozenset(),
@@ -542,7 +602,7 @@ class SlurmFleet:
                 self.store.drop(RESV_GONE, rname)
                 try:
                     self.cli.run("scontrol", "create", "reservation", f"reservationname={rname}", f"starttime={start}",
-                                 f"duration={minutes}", f"nodes={','.join(hosts)}", "flags=maint,ignore_jobs",
+                                 f"duration={minutes}", f"nodes={compress_hostlist(hosts)}", "flags=maint,ignore_jobs",
                                  f"users={','.join(self.spec.reservation_users)}")
                 except FleetError as exc:
                     others = sorted(r for r, kv in existing.items()
@@ -598,21 +658,17 @@ class SlurmFleet:
             if "DRAIN" in parse.node_state(node)[1] and not self._is_ours(node, op):
                 self._report_foreign(h, node)
                 continue  # someone else's drain: never touched
-            self._set_record(h, op=op, phase="held", domain=self.domain_of[h], since=self.now())
             take.append(h)
         if take:
-            self.cli.run("scontrol", "update", f"nodename={','.join(take)}", "state=drain",
-                         f"reason={self.reason_for(op)}")
-        victims = sorted({parse.job_id(j) for j in self._squeue()
+            self._set_records(take, op=op, phase="held", since=self.now())
+            self._update_nodes(take, "state=drain", f"reason={self.reason_for(op)}")
+        victims = sorted({parse.job_id(j) for j in self._squeue(take)
                           if parse.job_state(j) in _RUNNING_JOB
-                          and set(expand_hostlist(parse.job_nodes(j))) & set(take)})
+                          and set(expand_hostlist(parse.job_nodes(j))) & set(take)}, key=int)
+        if victims:
+            log.info("requeueing jobs %s off %s (%s)", ",".join(victims), ",".join(take), op)
+        self._requeue(victims)  # already on its way out (completing, requeued by policy): no error
         for jid in victims:
-            log.info("requeueing job %s off %s (%s)", jid, ",".join(take), op)
-            try:
-                self.cli.run("scontrol", "requeue", jid)
-            except FleetError as exc:  # already on its way out (completing, requeued by policy)
-                if "pending" not in str(exc).lower() and "completing" not in str(exc).lower():
-                    raise
             self._note("requeue", job=jid, op=op, nodes=take)
         self._clear_checkpoint_requests(jobs=set(victims), nodes=set(take))
 
@@ -636,6 +692,7 @@ class SlurmFleet:
         refused: list[FleetError] = []
         ssh = self.config.fleet.ssh
         start: dict[str, list[Step]] = {}
+        marks: dict[str, dict[str, Any]] = {}
         for host, steps in work.items():
             node = nodes.get(host)
             bad = self._refusal(node, host, op)
@@ -647,8 +704,10 @@ class SlurmFleet:
             budget = sum(self.config.component(s.component).timeout_s for s in steps) + 300.0
             if ssh is not None and any(self.config.component(s.component).reboot for s in steps):
                 budget += ssh.reboot_timeout_s
-            self._update_record(host, upgrade_at=self.now(), budget_s=budget)
+            marks[host] = {"upgrade_at": self.now(), "budget_s": budget}
             start[host] = steps
+        if marks:
+            self._update_records(marks)
         if start and isinstance(self.runner, StandinRunner):
             log.warning("%s: %s", ",".join(start), STANDIN_WARNING)
         self._launch(self._fan(list(start), lambda h: self.run.upgrade(h, start[h], op)), refused)
@@ -684,6 +743,7 @@ class SlurmFleet:
     def publish_features(self, versions: dict[str, dict[str, str]], nodes: dict[str, dict[str, Any]]) -> None:
         """Write the verified versions as node features, keeping features that are not Railyard's."""
         comps = {c.name for c in self.config.components}
+        same: dict[str, list[str]] = {}  # features -> the nodes that get them: one command each
         for h, found in versions.items():
             node = nodes.get(h)
             if node is None:
@@ -692,8 +752,9 @@ class SlurmFleet:
             keep = [f for f in current if f and f.split("=", 1)[0] not in comps]
             feats = ",".join([*keep, *(f"{c}={found[c]}" for c in sorted(found) if c in comps)])
             if feats != ",".join(current):
-                self.cli.run("scontrol", "update", f"nodename={h}", f"availablefeatures={feats}",
-                             f"activefeatures={feats}")
+                same.setdefault(feats, []).append(h)
+        for feats, names in sorted(same.items()):
+            self._update_nodes(names, f"availablefeatures={feats}", f"activefeatures={feats}")
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
         """Resume the nodes this op holds, each only with a passing check; features from what it read."""
@@ -720,14 +781,13 @@ class SlurmFleet:
         if unproven:
             raise FleetError("refusing to resume without a passing health check: " + "; ".join(
                 f"{h} {r.status}: {r.reason or ''}".strip() for h, r in sorted(unproven.items())))
-        for h in back:
-            self._update_record(h, op=op, phase="returning", domain=self.domain_of[h], since=self.now())
+        self._update_records(back, op=op, phase="returning", since=self.now())
         self.publish_features({h: results[h].versions for h in back}, nodes)
         self.unreserve(sorted({self.domain_of[h] for h in back}))
-        self.cli.run("scontrol", "update", f"nodename={','.join(back)}", "state=resume")
+        self._update_nodes(back, "state=resume")
         self._clear_checkpoint_requests(nodes=set(back))
-        for h in back:  # kept: a controller restarted from older state may bring the drain back
-            self._set_record(h, op=op, phase="returned", domain=self.domain_of[h], since=self.now())
+        self._set_records(back, op=op, phase="returned", since=self.now())  # kept: a controller restarted from
+        for h in back:  # older state may bring the drain back
             self._versions_cache.pop(h, None)
 
     def offboard(self, host: str, reason: str, op: str) -> None:
@@ -775,11 +835,9 @@ class SlurmFleet:
             if node is None or not self._is_ours(node, from_op):
                 raise FleetError(f"cannot hand {h} from {from_op} to {to_op}: not drained by {from_op} ({reason!r})")
             move.append(h)
-        for h in move:
-            self._set_record(h, op=to_op, phase="held", domain=self.domain_of[h], since=self.now())
         if move:
-            self.cli.run("scontrol", "update", f"nodename={','.join(move)}", "state=drain",
-                         f"reason={self.reason_for(to_op)}")
+            self._set_records(move, op=to_op, phase="held", since=self.now())
+            self._update_nodes(move, "state=drain", f"reason={self.reason_for(to_op)}")
 
 
 __all__ = ["STANDIN_WARNING", "SlurmFleet", "fleet_from_config"]

@@ -1,7 +1,9 @@
 """`SshRunner`: the host-runner port over SSH (paramiko), for plain hosts.
 
 - Host keys are pinned: only keys in the given known_hosts are accepted; an unknown or changed key
-  is refused before authentication, so no command ever reaches a host we cannot identify.
+  is refused before authentication, so no command ever reaches a host we cannot identify. The file is
+  read once and again only when it changes (`PinnedKeys`): paramiko's own reader compares every line
+  with every line before it, 0.3 s a connection at 1,024 hosts.
 - Explicit connect and command timeouts; retries on connection errors only (a command that
   started is never re-sent by the transport layer: every step is idempotent one level up). A command's
   deadline covers the whole exchange, the exec request's answer included (paramiko waits for that one
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shlex
 import threading
 import time
@@ -112,14 +115,66 @@ class Credentials:
 Connector = Callable[[Target], paramiko.SSHClient]
 
 
+class PinnedKeys:
+    """The keys a known_hosts file pins, by host name as paramiko asks for it (`addr`, or `[addr]:port` off
+    port 22; hashed names too). Read at first use and again whenever the file's size, time or inode change."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._plain: dict[str, list[paramiko.PKey]] = {}
+        self._hashed: list[tuple[str, paramiko.PKey]] = []
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        st = os.stat(self.path)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return
+        plain: dict[str, list[paramiko.PKey]] = {}
+        hashed: list[tuple[str, paramiko.PKey]] = []
+        with open(self.path) as f:
+            for lineno, raw in enumerate(f, 1):
+                line = raw.strip()
+                if not line or line[0] in "#@":  # markers (@cert-authority, @revoked): paramiko reads none
+                    continue
+                try:
+                    entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+                except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey):
+                    continue
+                if entry is None or entry.key is None:
+                    continue
+                for h in entry.hostnames:
+                    if h.startswith("|1|"):
+                        hashed.append((h, entry.key))
+                    else:
+                        plain.setdefault(h, []).append(entry.key)
+        self._plain, self._hashed, self._stamp = plain, hashed, stamp
+
+    def keys_for(self, name: str) -> list[paramiko.PKey]:
+        with self._lock:
+            self._refresh()
+            keys = list(self._plain.get(name, []))
+            keys += [k for h, k in self._hashed if paramiko.HostKeys.hash_host(name, h) == h]
+        return keys
+
+    def pin(self, client: paramiko.SSHClient, address: str, port: int) -> None:
+        """Only this host's pinned keys into `client` (the name paramiko looks up for address:port)."""
+        name = address if port == 22 else f"[{address}]:{port}"
+        store = client.get_host_keys()
+        for k in self.keys_for(name):
+            store.add(name, k.get_name(), k)
+
+
 def paramiko_connector(creds: Credentials, *, connect_timeout: float = 10.0) -> Connector:
     """Opens a client that trusts only the pinned keys in `creds.known_hosts` (never ~/.ssh)."""
+    pinned = PinnedKeys(creds.known_hosts)
 
     def connect(t: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        client.load_host_keys(creds.known_hosts)
         client.set_missing_host_key_policy(_RejectUnknown())
         try:
+            pinned.pin(client, t.address, t.port)
             client.connect(t.address, port=t.port, username=creds.user, key_filename=creds.key_file,
                            timeout=connect_timeout, banner_timeout=connect_timeout, auth_timeout=connect_timeout,
                            look_for_keys=False, allow_agent=False)

@@ -4,6 +4,10 @@
   is refused before authentication, so no command ever reaches a host we cannot identify. The file is
   read once and again only when it changes (`PinnedKeys`): paramiko's own reader compares every line
   with every line before it, 0.3 s a connection at 1,024 hosts.
+- A connection lives as long as its host's step: `session(host)` holds one for every call inside it,
+  `fan_out` holds one per host while that host's call runs, and a call outside any session opens its
+  own. Each is closed when its holder is done, so at most `parallelism` connections are open at once
+  in a fan-out, whatever the number of hosts (and as many sshd sessions on the hosts' side).
 - Explicit connect and command timeouts; retries on connection errors only (a command that
   started is never re-sent by the transport layer: every step is idempotent one level up). A command's
   deadline covers the whole exchange, the exec request's answer included (paramiko waits for that one
@@ -25,8 +29,9 @@ import os
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -183,6 +188,15 @@ def paramiko_connector(creds: Credentials, *, connect_timeout: float = 10.0) -> 
             raise HostKeyRefused(
                 f"{t.name} ({t.address}:{t.port}): host key changed: got {exc.key.get_name()} "
                 f"{exc.key.fingerprint}, pinned {exc.expected_key.fingerprint}; refused") from None
+        except paramiko.AuthenticationException as exc:
+            tr = client.get_transport()
+            gone = tr is None or not tr.is_active()
+            client.close()
+            if gone:
+                # paramiko reports a connection that went mid-authentication (the host going down) as an
+                # authentication failure: it is connection trouble, tried again like any other
+                raise EOFError(f"connection closed during authentication ({exc})") from None
+            raise
         except BaseException:
             client.close()
             raise
@@ -224,9 +238,13 @@ class SshRunner:
         self.boot_id_command = boot_id_command
         self.resolve = resolve  # hosts not in `targets` (Slurm nodes: ssh_hosts, a pattern or NodeAddr)
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._holds: dict[str, int] = {}  # host -> sessions holding its connection
         self._locks: dict[str, threading.Lock] = {h: threading.Lock() for h in targets}
         self._locks_lock = threading.Lock()
+        self._gauge = threading.Lock()
         self.connects = 0  # connections opened: tests prove bad input never gets this far
+        self.open_now = 0  # connections open at this moment
+        self.peak_open = 0  # the most open at once since this runner was made
 
     @classmethod
     def from_config(cls, cfg: RailyardConfig, connect: Connector) -> SshRunner:
@@ -242,9 +260,10 @@ class SshRunner:
                    reboot_timeout_s=ssh.reboot_timeout_s, boot_id_command=ssh.boot_id_command)
 
     def close(self) -> None:
-        for c in list(self._clients.values()):
-            c.close()
-        self._clients.clear()
+        with self._locks_lock:
+            clients, self._clients = self._clients, {}
+        for c in clients.values():
+            self._drop(c)
 
     def __enter__(self) -> SshRunner:
         return self
@@ -281,6 +300,28 @@ class SshRunner:
         return op
 
     # ---- transport ----------------------------------------------------------------------------
+    @contextmanager
+    def session(self, host: str) -> Iterator[None]:
+        """One connection to `host` for every call made inside (opened by the first), closed at the end
+        unless another session holds it too. Sessions nest; `fan_out` holds one per host."""
+        name = self.target(host).name
+        with self._lock(name):
+            self._holds[name] = self._holds.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            gone = None
+            with self._lock(name):
+                left = self._holds[name] - 1
+                if left:
+                    self._holds[name] = left
+                else:
+                    del self._holds[name]
+                    with self._locks_lock:
+                        gone = self._clients.pop(name, None)
+            if gone is not None:
+                self._drop(gone)
+
     def _client(self, t: Target, fresh: bool = False) -> paramiko.SSHClient:
         with self._lock(t.name):
             c = self._clients.get(t.name)
@@ -289,16 +330,32 @@ class SshRunner:
                 if tr is not None and tr.is_active():
                     return c
             if c is not None:
-                c.close()
-                self._clients.pop(t.name, None)
+                with self._locks_lock:
+                    self._clients.pop(t.name, None)
+                self._drop(c)
             self.connects += 1
             c = self._connect(t)
+            with self._gauge:
+                self.open_now += 1
+                self.peak_open = max(self.peak_open, self.open_now)
             keep_alive(c)
-            self._clients[t.name] = c
+            with self._locks_lock:
+                self._clients[t.name] = c
             return c
+
+    def _drop(self, c: paramiko.SSHClient) -> None:
+        try:
+            c.close()
+        finally:
+            with self._gauge:
+                self.open_now -= 1
 
     def run(self, host: str, command: str, *, timeout: float | None = None) -> tuple[int, str]:
         """Run one command; (exit status, stdout+stderr). Retries only if the connection fails."""
+        with self.session(host):
+            return self._run(host, command, timeout)
+
+    def _run(self, host: str, command: str, timeout: float | None) -> tuple[int, str]:
         t = self.target(host)
         timeout = timeout or self.command_timeout
         last: BaseException | None = None
@@ -356,6 +413,10 @@ class SshRunner:
                 if time.monotonic() > deadline:
                     raise CommandTimeout(f"{host}: command did not finish within {timeout:.0f}s")
             rc = chan.recv_exit_status()
+            if rc == -1 and (tr is None or not tr.is_active()):
+                # closed without an exit status because the connection went (the host went down): not an answer.
+                # A command killed by a signal also has none, but its connection stays up.
+                raise EOFError("the connection closed before the command's exit status came")
         except (OSError, EOFError, paramiko.SSHException) as exc:
             if expired.is_set():
                 raise CommandTimeout(f"{host}: no answer within {timeout:.0f}s (connection closed)") from None
@@ -366,7 +427,8 @@ class SshRunner:
         return rc, buf.decode(errors="replace")
 
     def fan_out(self, hosts: Iterable[str], fn: Callable[[str], T]) -> dict[str, T | BaseException]:
-        """`fn(host)` for every host, at most `parallelism` at a time; each host's error is its result."""
+        """`fn(host)` for every host, at most `parallelism` at a time, each in a session of its own (so at most
+        `parallelism` connections open); each host's error is its result."""
         names = list(hosts)
         out: dict[str, T | BaseException] = {}
         if not names:
@@ -374,7 +436,8 @@ class SshRunner:
 
         def one(h: str) -> tuple[str, T | BaseException]:
             try:
-                return h, fn(h)
+                with self.session(h):  # the host's connection closes as soon as its call is done
+                    return h, fn(h)
             except Exception as exc:  # noqa: BLE001 - reported per host
                 return h, exc
 

@@ -334,10 +334,15 @@ class SshRunner:
                     self._clients.pop(t.name, None)
                 self._drop(c)
             self.connects += 1
-            c = self._connect(t)
-            with self._gauge:
+            with self._gauge:  # counted from the connect on: a handshake in progress holds a connection too
                 self.open_now += 1
                 self.peak_open = max(self.peak_open, self.open_now)
+            try:
+                c = self._connect(t)
+            except BaseException:
+                with self._gauge:
+                    self.open_now -= 1
+                raise
             keep_alive(c)
             with self._locks_lock:
                 self._clients[t.name] = c

@@ -68,8 +68,9 @@ def names(n: int) -> list[str]:
 
 
 def config(farm: SshdFarm, hosts: list[str], db: Path | None = None) -> Any:
+    # installs get 120 s, not the tests' 3 s: on 2 cores, a stand-in install waits its turn behind 1,023 others
     data = ssh_config(farm.ssh_hosts_config(), domains=1, hosts_per_domain=len(hosts), parallelism=PARALLELISM,
-                      state_db=str(db) if db else None)
+                      state_db=str(db) if db else None, install_timeout_s=120)
     data["domains"] = [{"name": "pod-a", "hosts": hosts, "sku": "h100"}]
     data["fleet"]["ssh"].update(connect_timeout_s=CONNECT_TIMEOUT, command_timeout_s=120, reboot_timeout_s=1800)
     data["timeouts"].update(upgrade_s=3600, check_s=3600, drain_s=600, return_s=600, poll_s=0.5)

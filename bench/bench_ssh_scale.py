@@ -7,7 +7,7 @@
     no connection, and a persisting master per host would keep N ssh and 2N sshd processes for a minute). The
     same key exchange for all: paramiko's (curve25519-sha256) is given to OpenSSH's client too, whose default
     here (sntrup761x25519, post-quantum) costs ~90 ms of client CPU a connection against ~12 ms; clush with that
-    default runs once more as its own row. REPS runs of each, interleaved, the order turned each round; the
+    default runs once more as its own row. REPS runs of each, interleaved, the order turned each time; the
     median; every host must answer exit 0 in every run. CPU of each run: the tool's (this process for Railyard,
     the tool and its ssh children otherwise) and the sshd side's (the listener and the connection processes it
     reaped).
@@ -217,7 +217,7 @@ def stop_once(farm: SshdFarm, root: Path) -> dict[str, Any]:
 
     for n in farm.hosts:
         farm.reset(n)
-    # every host's poll during its reboot logs a warning ("poll failed: connection lost"): N lines a round
+    # every host's poll during its reboot logs a warning ("poll failed: connection lost"): N lines a poll
     logging.getLogger("railyard.ssh").setLevel(logging.ERROR)
     hosts = list(farm.hosts)
     cfg = config(farm, hosts, root / "fleet.db")

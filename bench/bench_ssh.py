@@ -47,9 +47,8 @@ def sshd_cpu_s(farm: SshdFarm) -> float:
     import psutil
 
     total = 0.0
-    for h in farm.hosts.values():
-        assert h.proc is not None
-        t = psutil.Process(h.proc.pid).cpu_times()
+    for proc in farm.listeners():
+        t = psutil.Process(proc.pid).cpu_times()
         total += t.user + t.system + t.children_user + t.children_system
     return total
 
@@ -90,23 +89,25 @@ def floor_once(farm: SshdFarm, cfg, command: str) -> tuple[float, int]:  # noqa:
 def inventory(farm: SshdFarm, path: Path) -> None:
     lines = ["[gpu]"]
     for n, h in farm.hosts.items():
-        lines.append(f"{n} ansible_host=127.0.0.1 ansible_port={h.port}")
+        lines.append(f"{n} ansible_host={h.address} ansible_port={h.port}")
     lines += ["", "[gpu:vars]", f"ansible_user={farm.user}", f"ansible_ssh_private_key_file={farm.client_key}",
               "ansible_python_interpreter=/usr/bin/python3",
               f"ansible_ssh_common_args='-o UserKnownHostsFile={farm.known_hosts} -o StrictHostKeyChecking=yes'"]
     path.write_text("\n".join(lines) + "\n")
 
 
-def ansible_once(farm: SshdFarm, inv: Path, command: str, forks: int, playbook: Path | None) -> tuple[float, int]:
+def ansible_once(farm: SshdFarm, inv: Path, command: str, forks: int, playbook: Path | None, *,
+                 module: str = "command", env_extra: dict[str, str] | None = None) -> tuple[float, int]:
     cp = Path(tempfile.mkdtemp(prefix="ry-ansible-cp-"))
     env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_PIPELINING": "True",
            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp), "ANSIBLE_LOCAL_TEMP": str(cp / "tmp"),
            "ANSIBLE_STDOUT_CALLBACK": "default" if playbook else "minimal",
-           "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORKS": str(forks)}
+           "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORKS": str(forks),
+           **(env_extra or {})}
     if playbook:
         cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), "-f", str(forks), str(playbook)]
     else:
-        cmd = [str(ANSIBLE), "all", "-i", str(inv), "-f", str(forks), "-m", "command", "-a", command]
+        cmd = [str(ANSIBLE), "all", "-i", str(inv), "-f", str(forks), "-m", module, "-a", command]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t0

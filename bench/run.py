@@ -19,6 +19,7 @@ import bench_plan  # noqa: E402
 import bench_size  # noqa: E402
 import bench_slurm  # noqa: E402
 import bench_ssh  # noqa: E402
+import bench_ssh_scale  # noqa: E402
 import bench_stop  # noqa: E402
 import bench_train  # noqa: E402
 
@@ -82,6 +83,32 @@ def rows_slurm(f: dict[str, Any]) -> list[Row]:
              f"= the {base}-node count, by command", f["goal_met"])]
 
 
+def rows_ssh_scale(f: dict[str, Any]) -> list[Row]:
+    n, par, ry, ok = f["hosts"], f["parallelism"], f["railyard_s"], f["all_ok"]
+    ansible, clush = f.get("ansible_best_s"), f.get("clush_s")
+    rows: list[Row] = [
+        (f"SSH fan-out, {n:,} hosts on one sshd / Ansible", f"{ry:.2f} s",
+         f"Ansible ad-hoc -m {f['ansible_best'].split()[-1]} {ansible:.2f} s" if ansible else "Ansible not installed",
+         "<= Ansible", ok and ansible is not None and ry <= ansible),
+        (f"SSH fan-out, {n:,} hosts on one sshd / ClusterShell",
+         f"{ry:.2f} s ({f['railyard_over_clush']}x)" if clush else f"{ry:.2f} s",
+         f"clush {clush:.2f} s" if clush else "clush not installed", "<= 1.5x clush",
+         ok and clush is not None and ry <= 1.5 * clush),
+    ]
+    st = f.get("stop")
+    if st:
+        peak = max(st["peak_open_kernel"], st["peak_open_runner"])
+        rows += [
+            (f"SSH stop, one {n:,}-host domain", f"{st['wall_s']:.0f} s; client CPU {st['client_cpu_ms_per_host']:.0f} "
+             "ms a host", f"one command on every host {ry:.1f} s", "completes, every host back at target",
+             st["completed"]),
+            (f"SSH stop, {n:,} hosts: peak open connections", f"{peak} ({st['peak_threads']} threads, "
+             f"{st['peak_rss_mib']:.0f} MiB RSS)", f"parallelism {par}", f"<= {par}, none left open",
+             peak <= par and st["open_after"] == 0),
+        ]
+    return rows
+
+
 def rows_ledger(f: dict[str, Any]) -> list[Row]:
     return [("ledger lease ops/s, PostgreSQL, 8 writers", f"{f['lease_ops_per_s']:,}/s ({f['lease_over_floor']:.2f}x)",
              f"1-row UPDATE floor {f['floor_txn_per_s']:,}/s", ">= 1,000/s and >= 0.5x floor", f["goal_met"])]
@@ -113,6 +140,8 @@ BENCHES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any]]
     ("railyard size on 75,000 hosts (600,000 GPUs), vs validating the same input", bench_size.main, rows_size),
     ("Demo train: wall time vs the work floor, and Airflow alone on the same shape", bench_train.main, rows_train),
     ("SSH fan-out: one upgrade command on 64 sshd hosts, Railyard vs Ansible", bench_ssh.main, rows_ssh),
+    (f"SSH at scale: {bench_ssh_scale.HOSTS} hosts on one sshd, Railyard vs Ansible vs ClusterShell, and a full stop",
+     bench_ssh_scale.main, rows_ssh_scale),
     ("A stop as its domain grows: 64 vs 1,024 hosts a domain, and a train over 76,800 hosts, on the simulator",
      lambda: bench_stop.main(["--fleet"]), rows_stop),
     ("Slurm: commands per stop at 8 and at 64 nodes, a real 64-node test cluster", bench_slurm.main, rows_slurm),

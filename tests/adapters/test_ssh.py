@@ -18,6 +18,7 @@ import paramiko
 import pytest
 from pydantic import ValidationError
 
+from railyard.backends.hosts.port import RunnerError, UpgradeState
 from railyard.backends.ssh.fleet import SshFleet
 from railyard.backends.ssh.runner import Credentials, HostKeyRefused, SshRunner, op_dir, paramiko_connector
 from railyard.domain.config import parse_config
@@ -58,14 +59,20 @@ def runner(farm: SshdFarm, known_hosts: Path | None = None, **cfg_kw) -> SshRunn
 
 
 def test_fan_out_reads_every_host(fresh):
-    with runner(fresh) as r:
+    with runner(fresh, parallelism=4) as r:
         got = r.fan_out(NAMES, r.versions)
         assert r.connects == 16
+        assert r.open_now == 0 and 1 <= r.peak_open <= 4  # each host's connection closed when its read was done
         assert all(v == {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
                    for v in got.values()), got
-        r.fan_out(NAMES, r.versions)
-        assert r.connects == 16  # connections are reused
-    assert all(fresh[n].commands() == 2 for n in NAMES)
+        r.fan_out(NAMES, lambda h: (r.versions(h), r.versions(h)))
+        assert r.connects == 32  # one connection a host for both its calls
+        with r.session("gpu-a01"):
+            r.run("gpu-a01", "true")
+            r.run("gpu-a01", "true")
+            assert r.open_now == 1
+        assert r.connects == 33 and r.open_now == 0
+    assert all(fresh[n].commands() == (5 if n == "gpu-a01" else 3) for n in NAMES)
 
 
 def test_changed_host_key_is_refused_before_any_command(fresh):
@@ -134,7 +141,14 @@ def test_upgrade_runs_detached_under_flock_and_reattaches(fresh):
     with runner(fresh) as r:
         r.upgrade("gpu-a01", steps, op)
         r.upgrade("gpu-a01", steps, op)  # a retry while it runs: the lock turns it away
-        while (st := r.upgrade_state("gpu-a01", op)).status == "running":
+
+        def state() -> UpgradeState | None:
+            try:
+                return r.upgrade_state("gpu-a01", op)
+            except RunnerError:  # the host rebooting, its driver's last step: asked again, as a fleet's poll does
+                return None
+
+        while (st := state()) is None or st.status == "running":
             time.sleep(0.1)
         assert st.status == "done", st
         r.upgrade("gpu-a01", steps, op)  # and after it: every step has a status, nothing runs again
@@ -217,6 +231,31 @@ def test_paramiko_never_auto_adds(fresh):
         conn(Target("gpu-a01", "127.0.0.1", fresh["gpu-a01"].port, str(fresh["gpu-a01"].work_dir)))
     assert (fresh.root / "empty_known_hosts").read_text() == ""
     assert isinstance(paramiko.RejectPolicy(), paramiko.MissingHostKeyPolicy)
+
+
+def test_a_connection_that_drops_mid_command_is_an_error_not_an_answer(fresh):
+    """A host going down mid-command closes the channel with no exit status: that is `RunnerError`, never
+    exit -1 with no output (which an upgrade poll would read as "nothing launched"). A command killed by a
+    signal has no exit status either, but its connection stays up: that is an answer (-1)."""
+    with runner(fresh) as r:
+        # $PPID of the command's shell is the host's sshd session for this connection
+        with pytest.raises(RunnerError, match="connection lost during a command"):
+            r.run("gpu-a01", "echo partial; kill -KILL $PPID; sleep 5")
+        assert r.run("gpu-a01", "kill -KILL $$") == (-1, "")
+        assert r.run("gpu-a01", "echo back")[1].strip() == "back"
+
+
+def test_a_key_the_host_refuses_is_not_tried_again(fresh, tmp_path):
+    """A refused key is an answer: one attempt, AuthenticationException (unlike a connection that closes during
+    authentication, which is connection trouble and tried again)."""
+    stranger = tmp_path / "stranger_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    cfg = parse_config(ssh_config(fresh.ssh_hosts_config()))
+    r = SshRunner.from_config(cfg, paramiko_connector(Credentials(fresh.user, str(stranger), str(fresh.known_hosts)),
+                                                      connect_timeout=5))
+    with pytest.raises(RunnerError, match="AuthenticationException"):
+        r.run("gpu-a01", "true")
+    assert r.connects == 1
 
 
 def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp_path, monkeypatch):
@@ -309,8 +348,10 @@ def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(tmp_pat
                          paramiko_connector(creds(farm), connect_timeout=5), command_timeout=3.0)
 
     r = make()
+    held = r.session(host)
+    held.__enter__()
     try:
-        assert r.run(host, "echo up")[1].strip() == "up"  # a pooled connection with its session
+        assert r.run(host, "echo up")[1].strip() == "up"  # the session's connection, held open
         chan = r._clients[host].get_transport().open_session(timeout=5)
         frozen = _sessions(farm, host)
         assert frozen
@@ -335,15 +376,18 @@ def test_a_host_frozen_mid_command_is_given_up_on_at_the_command_timeout(tmp_pat
                 p.resume()
             except Exception:  # noqa: BLE001 - gone already
                 pass
+        held.__exit__(None, None, None)
         r.close()
     r2 = make()
     try:
-        r2.run(host, "true")
-        tr = r2._clients[host].get_transport()
-        sock = tr.sock
-        assert tr.packetizer._Packetizer__keepalive_interval == 15
-        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        with r2.session(host):
+            r2.run(host, "true")
+            tr = r2._clients[host].get_transport()
+            sock = tr.sock
+            assert tr.packetizer._Packetizer__keepalive_interval == 15
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        assert host not in r2._clients and not tr.is_active()  # closed with its session
     finally:
         r2.close()
         farm.stop()

@@ -64,3 +64,25 @@ def test_the_stop_rows_judge_each_size_against_its_own_goal():
     figures["ratios"] = {64: 1.0, 1024: 1.4, 3840: 1.9}
     assert [r[4] for r in bench_run.rows_stop(figures)] == [True, True]
     assert "0.70 s (1.4x)" in bench_run.rows_stop(figures)[0][1]
+
+
+SSH_SCALE = {"hosts": 1024, "parallelism": 64, "railyard_s": 21.7, "all_ok": True, "ansible_best": "ansible -m raw",
+             "ansible_best_s": 80.2, "clush_s": 29.4, "railyard_over_clush": 0.74,
+             "stop": {"wall_s": 210.8, "client_cpu_ms_per_host": 45.4, "completed": True, "peak_open_kernel": 64,
+                      "peak_open_runner": 61, "peak_threads": 184, "peak_rss_mib": 121.2, "open_after": 0}}
+
+
+def test_ssh_scale_rows_hold_railyard_to_ansible_clush_and_its_parallelism():
+    rows = bench_run.rows_ssh_scale(SSH_SCALE)
+    assert [r[4] for r in rows] == [True, True, True, True]
+    assert "Ansible ad-hoc -m raw 80.20 s" in rows[0][2] and "clush 29.40 s" in rows[1][2]
+    assert rows[2][1] == "211 s; client CPU 45 ms a host" and rows[3][1].startswith("64 (184 threads")
+    slow = bench_run.rows_ssh_scale(SSH_SCALE | {"railyard_s": 45.0, "all_ok": True})
+    assert [r[4] for r in slow[:2]] == [True, False]  # 45 s > 1.5 x 29.4 s
+    one_failed = bench_run.rows_ssh_scale(SSH_SCALE | {"all_ok": False})
+    assert [r[4] for r in one_failed[:2]] == [False, False]  # a host that did not answer voids the comparison
+    over = bench_run.rows_ssh_scale(SSH_SCALE | {"stop": SSH_SCALE["stop"] | {"peak_open_kernel": 65}})
+    left = bench_run.rows_ssh_scale(SSH_SCALE | {"stop": SSH_SCALE["stop"] | {"open_after": 2, "completed": False}})
+    assert over[3][4] is False and left[2][4] is False and left[3][4] is False
+    bare = bench_run.rows_ssh_scale({k: v for k, v in SSH_SCALE.items() if k not in ("ansible_best_s", "stop")})
+    assert len(bare) == 2 and bare[0][4] is False and "not installed" in bare[0][2]

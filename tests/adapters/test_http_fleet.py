@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -242,33 +243,48 @@ def test_the_whole_fleet_comes_back_in_one_answer_validated_as_hosts(shared_sim_
     assert fleet.jobs() and all(isinstance(j.hosts, list) for j in fleet.jobs())
 
 
-def test_a_fleet_answer_that_does_not_validate_is_a_fleet_error() -> None:
-    """A fleet manager that answers hosts with a name no shell may see: refused at the boundary."""
+@contextlib.contextmanager
+def json_server(answer: Callable[[str, Any], Any]) -> Iterator[str]:
+    """A stand-in fleet manager on loopback: `answer(method, request body or None)` is the JSON it answers;
+    yields its URL."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    class Liar(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            body = json.dumps([{"name": "gpu-a01; reboot", "domain": "pod-a", "state": "serving"}]).encode()
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, method: str) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.dumps(answer(method, json.loads(self.rfile.read(size)) if size else None)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self._reply("GET")
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self._reply("POST")
+
         def log_message(self, *args: Any) -> None:
             return None
 
-    server = HTTPServer(("127.0.0.1", 0), Liar)
+    server = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with pytest.raises(FleetError, match=r"GET /v1/hosts answered data that does not validate .*first at 0\.name"):
-            HttpFleet(url).hosts()
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_fleet_answer_that_does_not_validate_is_a_fleet_error() -> None:
+    """A fleet manager that answers hosts with a name no shell may see: refused at the boundary."""
+    liar = [{"name": "gpu-a01; reboot", "domain": "pod-a", "state": "serving"}]
+    with json_server(lambda _method, _body: liar) as url:
+        with pytest.raises(FleetError, match=r"GET /v1/hosts answered data that does not validate .*first at 0\.name"):
+            HttpFleet(url).hosts()
 
 
 def _closed_port() -> int:
@@ -498,33 +514,14 @@ def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_
 
 def test_a_fleet_that_sends_no_cursor_is_read_whole_every_time() -> None:
     """A fleet manager that knows nothing of cursors: no read ever sends `since`."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
     bodies: list[dict[str, Any]] = []
 
-    class Plain(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            hosts = [{"name": n, "domain": "pod-a", "state": "serving"} for n in bodies[-1]["names"]]
-            body = json.dumps(hosts).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(_method: str, body: Any) -> Any:
+        bodies.append(body)
+        return [{"name": n, "domain": "pod-a", "state": "serving"} for n in body["names"]]
 
-        def log_message(self, *args: Any) -> None:
-            return None
-
-    server = HTTPServer(("127.0.0.1", 0), Plain)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        fleet = HttpFleet(f"http://127.0.0.1:{server.server_address[1]}")
+    with json_server(answer) as url:
+        fleet = HttpFleet(url)
         for _ in range(3):
             assert [h.name for h in fleet.hosts(["gpu-a01", "gpu-a02"])] == ["gpu-a01", "gpu-a02"]
         assert bodies == [{"names": ["gpu-a01", "gpu-a02"]}] * 3
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -4,31 +4,20 @@ by program and subcommand, on a real 64-node cluster (multiple slurmd) started b
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from railyard.backends.slurm.commands import chunks, compress_hostlist, expand_hostlist
-from tests.support.slurm_cluster import SlurmCluster, job_log
+from tests.support.slurm_cluster import SlurmCluster, job_log, running_cluster
 from tests.support.slurm_count import counted_stop, kind
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    root = Path(tempfile.mkdtemp(prefix="railyard-slurm-"))
-    os.chmod(root, 0o755)
-    c = SlurmCluster(root, nodes=64)  # ~5 s to start and ~360 MB here (2 cores, 24 GiB)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from running_cluster(nodes=64)  # ~5 s to start and ~360 MB here (2 cores, 24 GiB)
 
 
 def test_a_stop_runs_the_same_slurm_commands_at_8_and_at_64_nodes(cluster: SlurmCluster, tmp_path: Path):

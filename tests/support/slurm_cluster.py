@@ -300,12 +300,12 @@ echo "end $(date +%s.%N) step=$step" >> "$LOG"
 """
 
 
-def running_cluster() -> Iterator[SlurmCluster]:
-    """A cluster in a fresh dir of its own (munge and slurmrestd need every parent dir traversable:
+def running_cluster(nodes: int = 8) -> Iterator[SlurmCluster]:
+    """A cluster of `nodes` in a fresh dir of its own (munge and slurmrestd need every parent dir traversable:
     pytest's tmp dirs are 0700), stopped and removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix="railyard-slurm-"))
     os.chmod(root, 0o755)
-    c = SlurmCluster(root)
+    c = SlurmCluster(root, nodes=nodes)
     c.start()
     try:
         yield c

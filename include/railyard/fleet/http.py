@@ -37,7 +37,7 @@ _HOST = TypeAdapter(Host)
 _JOBS = TypeAdapter(list[Job])
 _CHECKS = TypeAdapter(list[CheckResult])
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-# Reads of hosts by "what changed since" (docs/design.md, "The HTTP fleet API"): a server that can answers a
+# Reads of hosts by "what changed since" (docs/design.md, "The fleet port"): a server that can answers a
 # read of hosts with a cursor in CURSOR_HEADER; the next read of the same hosts sends it back as `since`, and
 # an answer that holds only the hosts changed since then says so by echoing it in CHANGES_HEADER. A server
 # that sends no cursor is read whole every time, as before.

@@ -218,7 +218,9 @@ class Records(LedgerBase):
                  "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
             # the audit: one row for the hosts that passed (a domain's thousands), one per failure with its reason
             passed_hosts = [host for host, passed, _versions, _reason in verdicts if passed]
-            rows = [_audit_row(now, "railyard", op_id, "verified", passed_hosts, "", prefix="a_")] * bool(passed_hosts)
+            rows = []
+            if passed_hosts:
+                rows.append(_audit_row(now, "railyard", op_id, "verified", passed_hosts, "", prefix="a_"))
             rows += [_audit_row(now, "railyard", op_id, "check_failed", [host], reason or "", prefix="a_")
                      for host, passed, _versions, reason in verdicts if not passed]
             c.execute(_q("audit"), rows)

@@ -67,7 +67,7 @@ STEPS = ["take", "checkpoints", "drain", "upgrade", "check", "return"]
 FLEET_WRITES = {"drain", "upgrade_hosts", "start_checks", "return_to_service", "offboard", "handover",
                 "request_checkpoint"}
 LEDGER_WRITES = {"acquire_domain", "release", "handover", "note", "record_verifications", "set_detail_once",
-                 "add_detail_entries", "lease_repair", "record_visit", "record_release_result", "finish_operation"}
+                 "add_detail_entries", "lease_repair", "record_visit", "record_release_results", "finish_operation"}
 
 
 # the gaps between two calls where a crash or a lost answer leaves the most behind, drawn more often

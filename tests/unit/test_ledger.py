@@ -278,6 +278,13 @@ def test_releases_state_and_results(ledger):
     assert [(r["host"], r["passed"], r["reason"]) for r in led.release_results("driver-570")] == [
         ("h00", 1, ""), ("h01", 1, "retried")]
     assert [r["action"] for r in led.audit_rows("release/driver-570")] == ["release_promote", "release_halt"]
+    # a domain's verdicts in one write, each replacing that host's earlier one for the release and the op
+    led.record_release_results("op2", [("driver-570", "h00", False, "xid 79"), ("fw-96", "h00", True, ""),
+                                       ("driver-570", "h01", True, "")], 20.0)
+    led.record_release_results("op2", [("driver-570", "h00", True, "retried")], 21.0)
+    assert [(r["host"], r["op_id"], r["passed"], r["reason"]) for r in led.release_results("driver-570")] == [
+        ("h00", "op1", 1, ""), ("h01", "op1", 1, "retried"), ("h01", "op2", 1, ""), ("h00", "op2", 1, "retried")]
+    assert [(r["host"], r["passed"]) for r in led.release_results("fw-96")] == [("h00", 1)]
 
 
 def test_operations_dodges_visits_and_failures(ledger):

@@ -250,15 +250,18 @@ class Calls:
         return counted
 
 
-def stop_calls(tmp_path: Path, hosts: int) -> tuple[Counter[str], Counter[str], dict[str, Any]]:
+def stop_calls(tmp_path: Path, hosts: int, phased: bool = False) -> tuple[Counter[str], Counter[str], dict[str, Any]]:
     """One full stop of a domain of `hosts` hosts (of three), over the in-process simulator and a fake clock:
-    the fleet's and the ledger's calls, by name, and what the stop returned."""
+    the fleet's and the ledger's calls, by name, and what the stop returned. `phased`: the driver's release
+    rolls out in phases, pod-a its canary (each host's verdict is then counted against it)."""
     from railyard.operations.stop import Stop
     from tests.unit.test_stop import full_stop
 
     cfg = parse_config({
         "components": [{"name": DRV, "reboot": True, "duration_s": 300}, {"name": FM, "duration_s": 60}],
-        "releases": [{"id": "drv", "component": DRV, "version": NEW}, {"id": "fm", "component": FM, "version": NEW}],
+        "releases": [{"id": "drv", "component": DRV, "version": NEW,
+                      **({"rollout": {"canary_domains": ["pod-a"], "soak_s": 3600}} if phased else {})},
+                     {"id": "fm", "component": FM, "version": NEW}],
         "domains": [{"name": f"pod-{c}", "hosts": f"h{c}[1-{hosts}]"} for c in "abc"],
         "trains": [{"id": "t", "releases": ["drv", "fm"]}],
         "buffers": {"maintenance": {"hosts": hosts}, "failure": {"fraction": 0.05}},
@@ -270,24 +273,30 @@ def stop_calls(tmp_path: Path, hosts: int) -> tuple[Counter[str], Counter[str], 
     })
     clock = Clock()
     fleet = Calls(SimEngine(cfg, None, clock=clock))
-    ledger = Calls(Ledger(f"sqlite:///{tmp_path}/ledger-{hosts}.db"))
+    ledger = Calls(Ledger(f"sqlite:///{tmp_path}/ledger-{hosts}-{phased}.db"))
     s = Stop(config=cfg, train=cfg.train("t"), domain=cfg.domain("pod-a"), op_id="t/r1/pod-a", fleet=fleet,  # type: ignore[arg-type]
              ledger=ledger, sleep=clock.advance, clock=clock, say=lambda _m: None)  # type: ignore[arg-type]
     out = full_stop(s, clock)
+    if phased:
+        verdicts = [r for r in ledger.inner.release_results("drv") if r["op_id"] == "t/r1/pod-a"]
+        assert len(verdicts) == hosts and all(r["passed"] for r in verdicts), verdicts[:3]
     ledger.inner.dispose()
     return fleet.count, ledger.count, out
 
 
-def test_a_stops_calls_to_the_fleet_and_the_ledger_do_not_grow_with_its_domain(tmp_path: Path) -> None:
+@pytest.mark.parametrize("phased", [False, True], ids=["plain", "phased"])
+def test_a_stops_calls_to_the_fleet_and_the_ledger_do_not_grow_with_its_domain(tmp_path: Path, phased: bool) -> None:
     """A domain of 512 hosts costs the stop the same calls as one of 8: the domain's upgrades and checks
-    start in one call each, reads ask for the domain at once, verdicts are written together."""
-    small_fleet, small_ledger, small = stop_calls(tmp_path, 8)
-    large_fleet, large_ledger, large = stop_calls(tmp_path, 512)
+    start in one call each, reads ask for the domain at once, verdicts are written together (a phased
+    release's too: one write of every host's verdict against it)."""
+    small_fleet, small_ledger, small = stop_calls(tmp_path, 8, phased)
+    large_fleet, large_ledger, large = stop_calls(tmp_path, 512, phased)
     assert (small, large) == ({"returned": 8, "offboarded": []}, {"returned": 512, "offboarded": []})
     assert large_fleet == small_fleet, large_fleet - small_fleet
     assert large_ledger == small_ledger, large_ledger - small_ledger
     assert small_fleet["upgrade_hosts"] == small_fleet["start_checks"] == 1
     assert small_fleet["upgrade"] == small_fleet["start_check"] == 0
+    assert small_ledger["record_release_results"] == (1 if phased else 0)
 
 
 def test_an_offboard_after_a_thousand_audit_rows_of_the_same_operation_is_still_seen(tmp_path: Path) -> None:

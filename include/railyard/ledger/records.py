@@ -188,11 +188,21 @@ class Records(LedgerBase):
             return _action_done(c, release, key)
 
     def record_release_result(self, release: str, host: str, op_id: str, passed: bool, reason: str, at: float) -> None:
+        self.record_release_results(op_id, [(release, host, passed, reason)], at)
+
+    def record_release_results(self, op_id: str, rows: list[tuple[str, str, bool, str]], at: float) -> None:
+        """Each (release, host, passed, reason) of `op_id`, replacing the host's earlier one for that release
+        and operation; a domain's in one transaction."""
+        if not rows:
+            return
         with self.engine.begin() as c:
-            c.execute(release_results.delete().where(release_results.c.release == release,
-                                                     release_results.c.host == host, release_results.c.op_id == op_id))
-            c.execute(insert(release_results).values(release=release, host=host, op_id=op_id, passed=int(passed),
-                                                     reason=reason, at=at))
+            for release in sorted({r[0] for r in rows}):
+                c.execute(release_results.delete().where(
+                    release_results.c.release == release, release_results.c.op_id == op_id,
+                    release_results.c.host.in_([h for rel, h, _p, _r in rows if rel == release])))
+            c.execute(insert(release_results), [
+                {"release": rel, "host": host, "op_id": op_id, "passed": int(passed), "reason": reason, "at": at}
+                for rel, host, passed, reason in rows])
 
     def release_results(self, release: str) -> list[dict[str, Any]]:
         with self.engine.connect() as c:

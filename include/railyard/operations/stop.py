@@ -81,17 +81,25 @@ def stop_host_targets(stop: Stop) -> dict[str, dict[str, str]]:
 
 def record_outcome(stop: Stop, host: str, passed: bool, reason: str) -> None:
     """Count a host's verdict for each release its visit applied (a failed install: the named one)."""
-    if not releases.phased(stop.config) or stop.op_id.startswith("repair/"):
+    record_outcomes(stop, [(host, passed, reason)])
+
+
+def record_outcomes(stop: Stop, verdicts: list[tuple[str, bool, str]]) -> None:
+    """`record_outcome` for many (host, passed, reason): a domain's in one read and one write."""
+    if not verdicts or not releases.phased(stop.config) or stop.op_id.startswith("repair/"):
         return
-    rels = (stop.ledger.detail(stop.op_id).get("host_releases") or {}).get(host) or []
+    applied = stop.ledger.detail(stop.op_id).get("host_releases") or {}
     by_id = {r.id: r for r in stop.config.releases}
-    blamed = rels
-    if not passed:
-        named = [r for r in rels if f"{by_id[r].component} {by_id[r].version}" in reason]
-        blamed = named or rels
-    now = stop.fleet.now()
-    for rid in blamed:
-        stop.ledger.record_release_result(rid, host, stop.op_id, passed, reason, now)
+    rows: list[tuple[str, str, bool, str]] = []
+    for host, passed, reason in verdicts:
+        rels = applied.get(host) or []
+        blamed = rels
+        if not passed:
+            named = [r for r in rels if f"{by_id[r].component} {by_id[r].version}" in reason]
+            blamed = named or rels
+        rows.extend((rid, host, passed, reason) for rid in blamed)
+    if rows:
+        stop.ledger.record_release_results(stop.op_id, rows, stop.fleet.now())
 
 
 @dataclass
@@ -583,11 +591,12 @@ class Stop:
         # the domain's verdicts in one write; then each failure goes to repair (a crash between the two: the
         # next run of this step, or the return, finds the failed verdict and offboards the host)
         self.ledger.record_verifications(self.op_id, [(h, ok, versions[h], why) for h, ok, why in verdicts])
+        # a check at versions no release brought is no outcome
+        record_outcomes(self, [(host, ok, why or "") for host, ok, why in verdicts
+                               if expect.get(host, self.targets_for(host)) == self.targets_for(host)])
         failed: list[str] = []
         for host, ok, why in verdicts:
             reason = why or ""
-            if expect.get(host, self.targets_for(host)) == self.targets_for(host):
-                record_outcome(self, host, ok, reason)  # a check at versions no release brought is no outcome
             if not ok:
                 self.offboard(host, f"health check failed: {reason}", known)
                 failed.append(host)

@@ -350,7 +350,8 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     @v1.post("/hosts/drain", response_model=list[Host], summary="Drain hosts (jobs on them are interrupted)")
     def drain(body: HostsRequest) -> Any:
         engine.drain(body.hosts, body.op)
-        return engine.hosts(body.hosts)
+        # the engine's JSON, not a model per host: a domain of thousands answers in milliseconds
+        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
 
     @v1.post("/hosts/{host}/upgrade", response_model=Host, summary="Start the upgrade of a drained host")
     def upgrade(host: HostName, body: UpgradeRequest) -> Any:
@@ -371,7 +372,7 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     @v1.post("/hosts/return", response_model=list[Host], summary="Return drained hosts to service")
     def return_(body: HostsRequest) -> Any:
         engine.return_to_service(body.hosts, body.op)
-        return engine.hosts(body.hosts)
+        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
 
     @v1.post("/hosts/{host}/offboard", response_model=Host, summary="Hand a host to repair with a reason")
     def offboard(host: HostName, body: OffboardRequest) -> Any:

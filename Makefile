@@ -3,7 +3,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo deps pyc test test-fast test-e2e faults model bench lint stop clean
+.PHONY: demo deps pyc test test-fast test-e2e test-compat wheel faults model bench lint stop clean
 
 # Bytecode is compiled once, at install: uv does not write it, and where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) no process ever would, so every process, every Airflow task among them, would compile
@@ -41,6 +41,17 @@ test-e2e: deps pyc
 faults: deps pyc  ## the fault suite at the issue's full counts, with its summary of figures
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
+
+# The Airflow versions the package declares (pyproject.toml: apache-airflow>=3.1.0,<3.4), lowest and highest:
+# the wheel-install test on each, its other packages resolved by the installer as a user's pip would.
+COMPAT_AIRFLOW ?= 3.1.0 3.3.2
+test-compat: deps pyc  ## the wheel, installed as a user does, on the lowest and the highest Airflow supported
+	@for v in $(COMPAT_AIRFLOW); do echo "== Airflow $$v"; \
+	  RAILYARD_AIRFLOW_VERSION=$$v $(BIN)/pytest -q -p no:cacheprovider tests/e2e/test_wheel_install.py || exit 1; \
+	done
+
+wheel: $(STAMP)  ## dist/railyard-<version>-py3-none-any.whl: the core, the Airflow side and the page, one wheel
+	uv build --quiet --wheel --out-dir dist
 
 EXAMPLES ?= 20000
 ifndef SEED

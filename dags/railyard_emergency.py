@@ -1,5 +1,5 @@
 """The emergency train: triggered by hand from the Airflow UI with a form."""
 
-from railyard_airflow.factory import build_emergency_dag
+from railyard_airflow import emergency_dags
 
-dag = build_emergency_dag()
+globals().update(emergency_dags())

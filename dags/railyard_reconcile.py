@@ -1,5 +1,5 @@
 """The reconciler: stops whose run is finished or deleted are finished safely and their leases released."""
 
-from railyard_airflow.factory import build_reconcile_dag
+from railyard_airflow import reconcile_dags
 
-dag = build_reconcile_dag()
+globals().update(reconcile_dags())

@@ -1,5 +1,5 @@
 """Release phases from the UI: promote, halt or resume a release with a reason (a form)."""
 
-from railyard_airflow.factory import build_release_dag
+from railyard_airflow import release_dags
 
-dag = build_release_dag()
+globals().update(release_dags())

@@ -1,5 +1,5 @@
 """The repair gate: hosts back from repair return to service only through the health check."""
 
-from railyard_airflow.factory import build_repair_dag
+from railyard_airflow import repair_dags
 
-dag = build_repair_dag()
+globals().update(repair_dags())

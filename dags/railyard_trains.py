@@ -1,5 +1,5 @@
 """One maintenance-train DAG per train in the Railyard config (RAILYARD_CONFIG or include/config)."""
 
-from railyard_airflow.factory import build_train_dags
+from railyard_airflow import train_dags
 
-globals().update(build_train_dags())
+globals().update(train_dags())

@@ -154,12 +154,12 @@ def _domain_pick(config: RailyardConfig) -> dict[str, Any]:
             "values_display": {d.name: f"{d.name} ({len(d.hosts)} hosts, {d.sku})" for d in config.domains}}
 
 
-def build_emergency_dag(path: str | None = None) -> DAG:
+def build_emergency_dag(path: str | None = None, config: RailyardConfig | None = None) -> DAG:
     """Triggered by hand from the UI with a form. `plan` validates the form and records who asked;
     then one slot per possible stop takes the plan's stops. Slots run side by side: the ledger lets
     `domains_at_once` of them (1 unless large_scale) hold a domain, ahead of every waiting train."""
     p = str(config_path(path))
-    config = load_config(p)
+    config = config or load_config(p)
     common: dict[str, Any] = dict(train_id="emergency", fleet_conn_id=config.fleet.connection, config_path=p)
     domains = [d.name for d in config.domains]
     params = {
@@ -210,10 +210,10 @@ def _single_task_dag(config: RailyardConfig, path: str, *, dag_id: str, descript
     return dag
 
 
-def build_release_dag(path: str | None = None) -> DAG:
+def build_release_dag(path: str | None = None, config: RailyardConfig | None = None) -> DAG:
     """Triggered by hand: promote, halt or resume a release, with a reason; audited with the user."""
     p = str(config_path(path))
-    config = load_config(p)
+    config = config or load_config(p)
     params = {
         "release": Param(config.releases[0].id, type="string", enum=[r.id for r in config.releases],
                          description="the release"),
@@ -228,11 +228,11 @@ def build_release_dag(path: str | None = None) -> DAG:
         doc_md="Phases: canary -> staged -> fleet. `railyard release list` shows where each release is.")
 
 
-def build_repair_dag(path: str | None = None) -> DAG:
+def build_repair_dag(path: str | None = None, config: RailyardConfig | None = None) -> DAG:
     """On `schedules.repairs` (every 15 minutes): hosts whose repair is done are upgraded, checked and
     returned, or kept."""
     p = str(config_path(path))
-    config = load_config(p)
+    config = config or load_config(p)
     t = config.timeouts
     return _single_task_dag(
         config, p, dag_id="railyard_repairs", description="Return repaired hosts through the health gate",
@@ -242,11 +242,11 @@ def build_repair_dag(path: str | None = None) -> DAG:
         "checked, and returned; a host that fails stays in repair, and its next attempt is a fresh operation.")
 
 
-def build_reconcile_dag(path: str | None = None) -> DAG:
+def build_reconcile_dag(path: str | None = None, config: RailyardConfig | None = None) -> DAG:
     """On `schedules.reconcile` (every 10 minutes): operations whose run is finished or deleted are
     finished safely (their hosts checked and returned, or sent to repair) and their leases released."""
     p = str(config_path(path))
-    config = load_config(p)
+    config = config or load_config(p)
     t = config.timeouts
     return _single_task_dag(
         config, p, dag_id="railyard_reconcile",
@@ -259,12 +259,12 @@ def build_reconcile_dag(path: str | None = None) -> DAG:
         "the same from a shell.")
 
 
-def build_train_dags(path: str | None = None) -> dict[str, DAG]:
+def build_train_dags(path: str | None = None, config: RailyardConfig | None = None) -> dict[str, DAG]:
     """All train DAGs, sorted by id; only the running one when a task's process parses the file.
     The garbage collector is paused while they are built: its passes only re-walk the tasks being built
     and kept (a third of the build for 20 trains of 64 domains)."""
     p = str(config_path(path))
-    config = load_config(p)
+    config = config or load_config(p)
     wanted = get_parsing_context().dag_id
     dags: dict[str, DAG] = {}
     with gcpause.paused():
@@ -273,4 +273,21 @@ def build_train_dags(path: str | None = None) -> dict[str, DAG]:
             if wanted and wanted != dag_id:
                 continue
             dags[dag_id] = build_train_dag(config, train.id, p)
+    return dags
+
+
+SINGLE_DAGS = {"railyard_emergency": build_emergency_dag, "railyard_releases": build_release_dag,
+               "railyard_repairs": build_repair_dag, "railyard_reconcile": build_reconcile_dag}
+
+
+def build_all_dags(path: str | None = None) -> dict[str, DAG]:
+    """Every Railyard DAG of one config, read once: a train DAG per train, then the emergency train, the
+    releases, repairs and reconcile DAGs; only the running one when a task's process parses the file."""
+    p = str(config_path(path))
+    config = load_config(p)
+    wanted = get_parsing_context().dag_id
+    dags = build_train_dags(p, config)
+    for dag_id, build in SINGLE_DAGS.items():
+        if not wanted or wanted == dag_id:
+            dags[dag_id] = build(p, config)
     return dags

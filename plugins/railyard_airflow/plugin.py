@@ -3,6 +3,8 @@ the Railyard page (a FastAPI app under /railyard, shown in the navigation as an 
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 from airflow.plugins_manager import AirflowPlugin
 
 # railyard.fleet.http is loaded here, once per Airflow process: a LocalExecutor (or Celery) worker loads the
@@ -23,3 +25,11 @@ class RailyardPlugin(AirflowPlugin):
         {"name": "Railyard", "href": "/railyard/", "destination": "nav", "url_route": "railyard",
          "nav_top_level": True},
     ]
+
+
+def folder_plugin() -> type[RailyardPlugin] | None:
+    """The plugin class for the plugins folder to register, or None where an installed distribution's entry
+    point registers it already (Airflow would load both and report the second as an import error)."""
+    if any(ep.value.partition(":")[0] == __name__ for ep in entry_points(group="airflow.plugins")):
+        return None
+    return RailyardPlugin

@@ -270,6 +270,12 @@ class Stack(AirflowRest):
     extra: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components restarted by hand
     orphans: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, start) of a killed scheduler's children
     fleet_token: str | None = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    # where Airflow and Railyard come from: this checkout by default; an installed package's own virtualenv,
+    # folders and no checkout on the path for a test of the wheel as a user installs it
+    bin_dir: Path = BIN
+    dags_folder: Path = ROOT / "dags"
+    plugins_folder: Path = ROOT / "plugins"
+    checkout_on_path: bool = True
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -316,10 +322,10 @@ class Stack(AirflowRest):
         env.pop("RAILYARD_FLEET_TOKEN_FILE", None)
         env.update(
             {
-                "PATH": f"{BIN}:{env.get('PATH', '')}",
+                "PATH": f"{self.bin_dir}:{env.get('PATH', '')}",
                 "AIRFLOW_HOME": str(self.airflow_home),
-                "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-                "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.plugins_folder),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
                 "AIRFLOW__API__PORT": str(self.airflow_port),
@@ -334,6 +340,9 @@ class Stack(AirflowRest):
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "plugins"), env.get("PYTHONPATH")])),
             }
         )
+        if not self.checkout_on_path:
+            env.pop("PYTHONPATH")
+            env.pop("VIRTUAL_ENV", None)
         if self.fast_scheduler:
             env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = "0.05"
             env["AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC"] = "1"
@@ -359,13 +368,13 @@ class Stack(AirflowRest):
         if fresh and db.exists():
             db.unlink()
         log = self.home / "sim.log"
-        cmd = [sys.executable, "-m", "railyard.sim", "--config", str(self.config_file), "--db", str(db),
+        cmd = [str(self.bin_dir / "railyard"), "sim", "serve", "--config", str(self.config_file), "--db", str(db),
                "--port", str(self.sim_port)]
         if self.fleet_token:
             self._write_token()
             cmd += ["--token-file", str(self.token_file)]
         self.sim = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=self.env())
+                                    env=self.env(), cwd=str(self.home))
         fleet = self.fleet(retries=0, connect_timeout=1)
         _wait("fleet simulator", 30, fleet.capacity, self.sim, log)
         return self.fleet()
@@ -389,7 +398,7 @@ class Stack(AirflowRest):
         self.airflow_home.mkdir(parents=True)
         log = self.home / "airflow.log"
         self.airflow = subprocess.Popen(
-            [str(BIN / "airflow"), "standalone"], stdout=log.open("ab"), stderr=subprocess.STDOUT,
+            [str(self.bin_dir / "airflow"), "standalone"], stdout=log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True, env=self.env(), cwd=str(self.home),
         )
 
@@ -442,7 +451,7 @@ class Stack(AirflowRest):
     def restart_scheduler(self) -> None:
         """Start a new `airflow scheduler` beside standalone's other components (same environment)."""
         log = self.home / "scheduler-restarted.log"
-        self.extra.append(subprocess.Popen([str(BIN / "airflow"), "scheduler"], stdout=log.open("ab"),
+        self.extra.append(subprocess.Popen([str(self.bin_dir / "airflow"), "scheduler"], stdout=log.open("ab"),
                                            stderr=subprocess.STDOUT, start_new_session=True, env=self.env(),
                                            cwd=str(self.home)))
 

@@ -557,7 +557,16 @@ class RailyardConfig(Strict):
 
 
 def config_path(path: str | os.PathLike[str] | None = None) -> Path:
-    return Path(path or os.environ.get("RAILYARD_CONFIG") or DEFAULT_CONFIG)
+    """`path`, else RAILYARD_CONFIG, else the checkout's demo config; an installed package has no config of its
+    own, and refuses here rather than run on one it does not have."""
+    given = path or os.environ.get("RAILYARD_CONFIG")
+    if given:
+        return Path(given)
+    if not DEFAULT_CONFIG.is_file():
+        raise ConfigError("(no config file)", [
+            "no config was named: pass its path (railyard_dags('/opt/railyard/railyard.yaml'), --config FILE) "
+            "or set RAILYARD_CONFIG in the environment of every Airflow component"])
+    return DEFAULT_CONFIG
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

@@ -42,10 +42,10 @@ faults: deps pyc  ## the fault suite at the issue's full counts, with its summar
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
-# The Airflow versions the package declares (pyproject.toml: apache-airflow>=3.1.0,<3.4), lowest and highest:
+# The Airflow versions the package declares (pyproject.toml: apache-airflow>=3.2.0,<3.4), lowest and highest:
 # the wheel-install test on each, VERSION@DAY resolving the other packages from what was published by the day
 # after its release (what that release's constraints file pins).
-COMPAT_AIRFLOW ?= 3.1.0@2025-09-26 3.3.2@2026-09-18
+COMPAT_AIRFLOW ?= 3.2.0@2026-04-08 3.3.2@2026-09-18
 test-compat: deps pyc  ## the wheel, installed as a user does, on the lowest and the highest Airflow supported
 	@for v in $(COMPAT_AIRFLOW); do echo "== Airflow $$v"; \
 	  RAILYARD_AIRFLOW_VERSION=$$v $(BIN)/pytest -q -p no:cacheprovider tests/e2e/test_wheel_install.py || exit 1; \

@@ -52,7 +52,7 @@ def test_the_wheel_holds_both_packages_the_page_and_the_entry_points(tmp_path: P
     assert not [n for n in names if n.startswith(("tests/", "dags/", "bench/", "include/"))]
     assert "[airflow.plugins]\nrailyard = railyard_airflow.plugin:RailyardPlugin" in entry_points
     assert "[apache_airflow_provider]\nprovider_info = railyard_airflow.provider_info:get_provider_info" in entry_points
-    assert "Requires-Dist: apache-airflow<3.4,>=3.1.0" in metadata
+    assert "Requires-Dist: apache-airflow<3.4,>=3.2.0" in metadata
     assert 'Provides-Extra: postgres' in metadata
 
 
@@ -62,7 +62,7 @@ def test_a_user_installs_the_wheel_into_their_airflow_and_runs_a_train(tmp_path:
     sh("uv", "venv", "--quiet", "-p", "3.11", venv)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAILYARD_CONFIG")}
     # the pinned Airflow is the constraint, as Airflow's constraints file is for a user; `make test-compat` names
-    # another Airflow and the day after its release (RAILYARD_AIRFLOW_VERSION=3.1.0@2025-09-26): the rest is
+    # another Airflow and the day after its release (RAILYARD_AIRFLOW_VERSION=3.2.0@2026-04-08): the rest is
     # resolved from what was published by then, which is what that release's constraints file holds
     compat, _, day = os.environ.get("RAILYARD_AIRFLOW_VERSION", "").partition("@")
     pins = ([f"apache-airflow=={compat}", *(["--exclude-newer", day] if day else [])] if compat

@@ -5,9 +5,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo deps pyc test test-fast test-e2e test-compat wheel faults model bench lint stop clean
 
-# Bytecode is compiled once, at install: uv does not write it, and where PYTHONDONTWRITEBYTECODE is set (as on
-# these machines) no process ever would, so every process, every Airflow task among them, would compile
-# every module it imports from source again (`import airflow.sdk`: 2.9 s instead of 1.2 s here).
+# Bytecode is compiled once, at install: uv does not write it, and where PYTHONDONTWRITEBYTECODE is set no
+# process ever would, so every process, every Airflow task among them, would compile every module it imports
+# from source again (`import airflow.sdk`: 2.9 s instead of 1.2 s on 2 cores, 24 GiB).
 $(STAMP): requirements.txt pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
 	@test -x $(BIN)/python || uv venv -q -p 3.11 $(VENV)

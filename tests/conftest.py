@@ -67,7 +67,7 @@ def _marked(pid: int) -> bool:
 
 
 def session_leftovers() -> list[psutil.Process]:
-    """Live processes (not zombies) that this session started, but for this process itself."""
+    """Live processes (not zombies) that this pytest run started, but for this process itself."""
     me = psutil.Process()
     found = {p.pid: p for p in me.children(recursive=True)}
     for p in psutil.process_iter():
@@ -105,7 +105,7 @@ def _describe(p: psutil.Process) -> str:
 
 
 def _end_leftovers() -> list[str]:
-    """End what this session started that still runs; returns their descriptions (none: all is well)."""
+    """End what this pytest run started that still runs; returns their descriptions (none: all is well)."""
     deadline = time.monotonic() + 5  # a process that was told to stop may take a moment
     left = session_leftovers()
     while left and time.monotonic() < deadline:

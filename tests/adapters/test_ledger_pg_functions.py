@@ -256,7 +256,7 @@ def test_host_lists_reach_the_server_as_they_are(pg, items):
 
 
 def wal_syncs(cur: Any) -> int:
-    """The server's count of WAL flushes to disk, with this session's own counts reported first."""
+    """The server's count of WAL flushes to disk, with this connection's own counts reported first."""
     cur.execute("SELECT pg_stat_force_next_flush()")
     cur.execute("SELECT 1")
     cur.execute("SELECT pg_stat_clear_snapshot()")

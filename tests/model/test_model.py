@@ -569,7 +569,7 @@ def replay(*steps: tuple[str, dict[str, Any]]) -> None:
     m.teardown()
 
 
-# Found on the code before the fixes of the review, each shrunk by Hypothesis, kept as regressions:
+# Defects the search found, each shrunk by Hypothesis and kept as a replayed regression:
 def test_found_an_offboard_whose_answer_was_lost_orphans_the_host():
     """The fleet applied an offboard whose answer was lost; the teardown released the lease over the host in
     repair: no repair operation held it, and once repaired it stayed drained with no lease, out of every count."""

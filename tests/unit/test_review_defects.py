@@ -1,4 +1,4 @@
-"""Sequences a review found that no test drove: each fails on the code before its fix.
+"""Sequences that no other test drives, each a defect that was fixed: each fails without its fix.
 
 - the reconciler reads a run state that Airflow's Task SDK gives as an enum;
 - an offboard whose fleet call was applied but whose answer was lost (or whose worker died before the

@@ -18,6 +18,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_schema() -> dict[str, object]:
+    """The JSON Schema (2020-12) of the config file, as its models validate it (input, not the parsed form)."""
+    schema = RailyardConfig.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema,
+            "title": "Railyard config (railyard.yaml)"}
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    print(json.dumps(config_schema(), indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_sim_serve(args: argparse.Namespace) -> int:
     from railyard.sim import serve
 
@@ -347,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="check a config; every problem is named by field and value")
     v.add_argument("config", nargs="?", help="config file (default: RAILYARD_CONFIG or include/config/railyard.yaml)")
     v.set_defaults(func=cmd_validate)
+
+    sc = sub.add_parser("schema", help="the JSON Schema of the config file (for an editor's YAML language server)")
+    sc.set_defaults(func=cmd_schema)
 
     sim = sub.add_parser("sim", help="the fleet simulator")
     simsub = sim.add_subparsers(dest="sim_cmd", required=True)

@@ -69,6 +69,7 @@ def message(r: subprocess.CompletedProcess[str]) -> str:
 # (argv, exit code, what stdout shows when it works / what the one line on stderr names when it does not)
 WORKS = [
     (["validate"], "ok: "),
+    (["schema"], "\"title\": \"Railyard config (railyard.yaml)\""),
     (["freeze", "status"], "freeze is off"),
     (["release", "list"], "driver-570"),
     (["release", "halt", "driver-570", "--reason", "a fresh clone halts a release"], "HALTED"),

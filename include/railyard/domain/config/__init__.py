@@ -10,11 +10,11 @@ import os
 import re
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from railyard.domain.compat import Rule, parse_rule
 from railyard.domain.config.slurm import SlurmSpec
@@ -97,9 +97,13 @@ class JobStackSpec(Strict):
     target: float = Field(default=0.9, gt=0, le=1, description="fleet-ready at this fraction of hosts")
 
 
+HOSTLIST_SCHEMA = {"description": "host names, or Slurm-style ranges (gpu-a[01-08]): one, or a list",
+                   "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
+
+
 class DomainSpec(Strict):
     name: Token
-    hosts: list[Token]
+    hosts: Annotated[list[Token], WithJsonSchema(HOSTLIST_SCHEMA, mode="validation")]
     sku: Token = "gpu"
 
     @field_validator("hosts", mode="before")

@@ -28,6 +28,11 @@ def config_schema() -> dict[str, object]:
 def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
+    if args.markdown:
+        from railyard.domain.config.reference import reference
+
+        print(reference(RailyardConfig), end="")
+        return 0
     print(json.dumps(config_schema(), indent=2, sort_keys=True))
     return 0
 
@@ -363,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     v.set_defaults(func=cmd_validate)
 
     sc = sub.add_parser("schema", help="the JSON Schema of the config file (for an editor's YAML language server)")
+    sc.add_argument("--markdown", action="store_true", help="the field reference of docs/configuration.md instead")
     sc.set_defaults(func=cmd_schema)
 
     sim = sub.add_parser("sim", help="the fleet simulator")

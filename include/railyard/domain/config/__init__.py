@@ -363,24 +363,36 @@ class SchedulesSpec(Strict):
 
 
 class RailyardConfig(Strict):
-    components: list[ComponentSpec]
-    releases: list[ReleaseSpec]
-    domains: list[DomainSpec] = Field(min_length=1)
-    trains: list[TrainSpec] = Field(min_length=1)
-    buffers: BuffersSpec
-    max_domains_down: int = Field(default=1, ge=1)
-    pool: Token = "railyard_disruptive"
-    timeouts: TimeoutsSpec = TimeoutsSpec()
-    fleet: FleetSpec = FleetSpec()
-    ledger: LedgerSpec = LedgerSpec()
-    simulator: SimulatorSpec = SimulatorSpec()
-    freeze: FreezeSpec = FreezeSpec()
-    estimates: EstimatesSpec = EstimatesSpec()
-    escalation: EscalationSpec = EscalationSpec()
-    emergency: EmergencySpec = EmergencySpec()
-    compatibility: CompatibilitySpec = CompatibilitySpec()
-    job_stacks: list[JobStackSpec] = Field(default_factory=list)
-    schedules: SchedulesSpec = SchedulesSpec()
+    components: list[ComponentSpec] = Field(description="what a host runs that a release may change (driver, "
+                                            "firmware, kernel), with install and verify commands")
+    releases: list[ReleaseSpec] = Field(description="a component at a version, optionally rolled out in phases")
+    domains: list[DomainSpec] = Field(min_length=1, description="the maintenance domains: hosts taken out "
+                                      "together, one stop each")
+    trains: list[TrainSpec] = Field(min_length=1, description="one DAG each: the releases it applies and the "
+                                    "domains it visits, in order")
+    buffers: BuffersSpec = Field(description="the maintenance and failure budgets of each capacity pool (SKU)")
+    max_domains_down: int = Field(default=1, ge=1, description="domains out at once across every train and "
+                                  "emergency (the ledger never grants more)")
+    pool: Token = Field(default="railyard_disruptive", description="the Airflow pool every disruptive task runs "
+                        "in; create it with max_domains_down slots")
+    timeouts: TimeoutsSpec = Field(default=TimeoutsSpec(), description="deadlines of each step of a stop, "
+                                   "and the poll interval")
+    fleet: FleetSpec = Field(default=FleetSpec(), description="the backend: an HTTP fleet API, SSH hosts or Slurm")
+    ledger: LedgerSpec = Field(default=LedgerSpec(), description="the operations ledger's database")
+    simulator: SimulatorSpec = Field(default=SimulatorSpec(), description="the fleet simulator's settings "
+                                     "(the demo and the tests only)")
+    freeze: FreezeSpec = Field(default=FreezeSpec(), description="dates on which no train starts a stop")
+    estimates: EstimatesSpec = Field(default=EstimatesSpec(), description="expected durations of a stop's "
+                                     "parts, for windows and plans")
+    escalation: EscalationSpec = Field(default=EscalationSpec(), description="where a train that stops by "
+                                       "itself, or an overdue domain, is escalated")
+    emergency: EmergencySpec = Field(default=EmergencySpec(), description="who may run emergency trains")
+    compatibility: CompatibilitySpec = Field(default=CompatibilitySpec(), description="rules between "
+                                             "components and the install order of coupled ones")
+    job_stacks: list[JobStackSpec] = Field(default_factory=list, description="what jobs ship in their images "
+                                           "and the host stack it needs")
+    schedules: SchedulesSpec = Field(default=SchedulesSpec(), description="how often the repair and "
+                                     "reconcile DAGs run")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:

@@ -1,11 +1,13 @@
 """The Railyard page in a real browser: Debian's headless Chromium through Selenium, on a real
 `airflow standalone` and the simulator (one Stack for the module). Logged in as Airflow users through
 Airflow's own login form; the page is the plugin's, served by the api-server. Screenshots of each step
-land in the test's tmp dir (and the one after the train in docs/img/railyard-page.png)."""
+land in the test's tmp dir (and the one after the train in docs/img/railyard-page.png). A real Prometheus
+(Debian's) scrapes the api-server's `/railyard/metrics` every second with the scrape token throughout."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,11 +20,13 @@ from railyard.ledger import Ledger
 from tests.support.browser import chromium
 from tests.support.browser import login as browser_login
 from tests.support.configs import small_config, write_config
+from tests.support.prometheus import PrometheusServer
 from tests.support.waiting import until as _until
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 FAILS = "gpu-b01"  # the one host whose deep check is made to fail
+SCRAPE_TOKEN = "e2e-scrape-token-9f3c1d"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,8 @@ def stack(tmp_path_factory):
     data["timeouts"]["poll_s"] = 0.25
     cfg = write_config(tmp / "railyard.yaml", data)
     s = Stack(home=tmp / "stack", config_file=cfg, airflow_port=free_port(), sim_port=free_port(),
-              extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer"})
+              extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+                         "RAILYARD_METRICS_TOKEN": SCRAPE_TOKEN})
     s.start_sim()
     try:
         s.start_airflow()
@@ -51,6 +56,18 @@ def stack(tmp_path_factory):
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def prom(stack):
+    server = PrometheusServer(stack.home / "prometheus", target=stack.api.removeprefix("http://"),
+                              path="/railyard/metrics", token=SCRAPE_TOKEN)
+    server.start()
+    try:
+        until("Prometheus scraping Railyard", lambda: server.one('up{job="railyard"}') == 1, timeout=60)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +167,7 @@ def test_the_trains_carry_airflow_s_own_schedule(stack) -> None:
         stack.rest("PATCH", "/dags/railyard_train_kernel", json={"is_paused": False})
 
 
-def test_the_page_follows_a_train(stack, browser) -> None:
+def test_the_page_follows_a_train(stack, browser, prom) -> None:
     from selenium.webdriver.common.by import By
 
     fleet = stack.fleet()
@@ -172,6 +189,26 @@ def test_the_page_follows_a_train(stack, browser) -> None:
 
     now = until(f"the page shows {domain} out and capacity below 1", page_shows_it_out, timeout=30)
     assert 0 < now < 1
+    # Prometheus, scraping the api-server, sees what the ledger holds now: the domain out, its hosts leased,
+    # the serving fraction of the fleet as the stop's drain read it
+    selector = f'railyard_domain_out{{domain="{domain}",op_kind="train_stop"}}'
+    until(f"Prometheus sees {domain} out", lambda: prom.one(selector) == 1 and prom.one("railyard_domains_out") == 1,
+          timeout=30)
+
+    def serving_as_the_ledger_holds_it() -> bool:
+        rows, at = led.fleet_counts()
+        [sku] = {a for k, a, _b, _n in rows if k == "state"} or {None}
+        states = {b: n for k, _a, b, n in rows if k == "state"}
+        fraction = states.get("serving", 0) / max(sum(states.values()), 1)
+        return at is not None and fraction < 1 and prom.one(f'railyard_serving_fraction{{sku="{sku}"}}') == fraction
+
+    until("Prometheus's serving fraction is the ledger's", serving_as_the_ledger_holds_it, timeout=60)
+
+    def leased_as_the_ledger_holds_it() -> bool:
+        held = len([op for op in led.holdings().values() if not op.startswith("repair/")])
+        return held > 0 and prom.one('railyard_hosts_leased{op_kind="train_stop"}') == held
+
+    until("Prometheus's leased hosts are the ledger's", leased_as_the_ledger_holds_it, timeout=30)
     shot(browser, stack, "1-during-the-train")
     # pod-b's only host fails its deep check: set the rate while it is out, clear it once it is in repair
     until("pod-b leased", lambda: "pod-b" in led.domains_out(), timeout=300)
@@ -181,6 +218,18 @@ def test_the_page_follows_a_train(stack, browser) -> None:
     assert stack.wait_run("railyard_train_demo", run, timeout=600) in ("success", "failed")
     for h in fleet.hosts():
         assert h.state == (HostState.REPAIR if h.name == FAILS else HostState.SERVING), h
+    # the counters after the train, as the ledger counts them; a scrape without the token is refused
+    done = len([o for o in led.operations_like("demo/") if o["kind"] == "train_stop" and o["state"] == "done"])
+    until("Prometheus counts the train's stops", lambda: prom.one(
+        'railyard_stops_total{train="demo",outcome="done"}') == done > 0, timeout=30)
+    until("Prometheus counts the offboard", lambda: prom.one("sum(railyard_hosts_offboarded_total)") == 1, timeout=30)
+    assert prom.one("railyard_domains_out") == 0
+    assert requests.get(f"{stack.api}/railyard/metrics", timeout=10).status_code == 401
+    scrape = requests.get(f"{stack.api}/railyard/metrics", headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"},
+                          timeout=10)
+    check = subprocess.run(["promtool", "check", "metrics"], input=scrape.text, capture_output=True, text=True,
+                           timeout=60)
+    assert scrape.status_code == 200 and check.returncode == 0, check.stdout + check.stderr
 
     def page_after():
         return page_js(browser, """const hs = [...document.querySelectorAll('.host')];

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import (
+    delete,
     func,
     insert,
     select,
@@ -23,6 +24,7 @@ from railyard.ledger.schema import (
     _q,
     audit,
     capacity_samples,
+    fleet_counts,
     leases,
     operations,
     release_results,
@@ -130,6 +132,42 @@ class Records(LedgerBase):
     def sample_capacity(self, at: float, serving: int, total: int, op_id: str | None = None) -> None:
         with self.engine.begin() as c:
             c.execute(insert(capacity_samples).values(at=at, serving=serving, total=total, op_id=op_id))
+
+    def record_fleet_counts(self, rows: list[tuple[str, str, str, float]], at: float) -> None:
+        """Replace the fleet's counts (kind, a, b, n) with those of one read, in one transaction."""
+        with self.engine.begin() as c:
+            c.execute(delete(fleet_counts))
+            if rows:
+                c.execute(insert(fleet_counts), [{"kind": k, "a": a, "b": b, "n": n, "at": at} for k, a, b, n in rows])
+
+    def fleet_counts(self) -> tuple[list[tuple[str, str, str, float]], float | None]:
+        """The last read's counts, and when it was taken (None: never)."""
+        with self.engine.connect() as c:
+            rows = c.execute(select(fleet_counts.c.kind, fleet_counts.c.a, fleet_counts.c.b, fleet_counts.c.n,
+                                    fleet_counts.c.at)).all()
+        return [(k, a, b, n) for k, a, b, n, _ in rows], (max(r[4] for r in rows) if rows else None)
+
+    def oldest_leases(self) -> dict[str, float]:
+        """Per kind of lease (train_stop, emergency, repair, ...): when the oldest one held now was taken."""
+        with self.engine.connect() as c:
+            return {k: at for k, at in c.execute(select(leases.c.kind, func.min(leases.c.since))
+                                                 .group_by(leases.c.kind))}
+
+    def tallies(self) -> dict[str, Any]:
+        """What the metrics count over the ledger's whole history: finished stops by train and outcome,
+        audit rows by action (offboards with their reasons), operations by kind."""
+        with self.engine.connect() as c:
+            stops = c.execute(select(operations.c.train, operations.c.state, func.count())
+                              .where(operations.c.kind == "train_stop", operations.c.state != "active")
+                              .group_by(operations.c.train, operations.c.state)).all()
+            kinds = c.execute(select(operations.c.kind, func.count()).group_by(operations.c.kind)).all()
+            actions = c.execute(select(audit.c.action, func.count())
+                                .where(audit.c.action.in_(("escalation", "emergency_trigger")))
+                                .group_by(audit.c.action)).all()
+            offboards = c.execute(select(audit.c.reason, audit.c.hosts).where(audit.c.action == "offboard")).all()
+        return {"stops": [(t or "", st, n) for t, st, n in stops], "kinds": {k: n for k, n in kinds},
+                "actions": {a: n for a, n in actions},
+                "offboards": [(reason, len(json.loads(hosts))) for reason, hosts in offboards]}
 
     def capacity_history(self, limit: int = 600) -> list[dict[str, Any]]:
         """The newest `limit` capacity samples, oldest first: {"t", "serving", "total", "op"}."""

@@ -96,6 +96,7 @@ audit = Table(
     Column("hosts", Text, nullable=False, default="[]"),
     Column("reason", Text, nullable=False, default=""),
     Index("ix_audit_op_id", "op_id"),
+    Index("ix_audit_action", "action"),  # the metrics' counters: offboards, escalations
 )
 
 
@@ -110,6 +111,19 @@ capacity_samples = Table(
     Column("total", Integer, nullable=False),
     Column("op_id", String(255)),
     Index("ix_capacity_samples_at", "at"),
+)
+
+
+# The fleet's hosts counted by (sku, state) and by (component, version), as a task last read them (after each
+# drain and return, and each reconcile): what `/railyard/metrics` serves without asking the fleet at each scrape.
+fleet_counts = Table(
+    "fleet_counts",
+    metadata,
+    Column("kind", String(16), primary_key=True),  # state | version | clock
+    Column("a", String(128), primary_key=True),  # sku | component
+    Column("b", String(128), primary_key=True),  # state | version
+    Column("n", Float, nullable=False),
+    Column("at", Float, nullable=False),  # wall clock of the read
 )
 
 

@@ -502,14 +502,20 @@ class Stop:
         self._wait("drain", self.timeouts.drain_s, probe)
 
     def _sample_capacity(self) -> None:
-        """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart. Not worth
-        failing a stop for: a fleet that cannot say it leaves the chart a point shorter."""
+        """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart, and the fleet's
+        counts for the metrics. Not worth failing a stop for: a fleet that cannot say leaves them a point older."""
         try:
             cap = self.fleet.capacity()
         except FleetError as exc:
             self.say(f"{self.domain.name}: capacity not sampled: {exc}")
             return
         self.ledger.sample_capacity(cap.now, cap.serving_hosts, cap.total_hosts, self.op_id)
+        from railyard.operations.metrics import record_fleet
+
+        try:
+            record_fleet(self.fleet, self.ledger)
+        except FleetError as exc:
+            self.say(f"{self.domain.name}: fleet counts not recorded: {exc}")
 
     # ---- 4. upgrade ----------------------------------------------------------------------------
     def upgrade(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from railyard.fleet.port import FleetError
+from railyard.operations.metrics import record_fleet
 from railyard.operations.reconcile import reconcile, run_state_name
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator
@@ -38,7 +40,12 @@ class ReconcileOperator(FleetOperator):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         cfg = self.cfg()
-        out = reconcile(cfg, self.hook.get_conn(), ledger(cfg.ledger.url), TaskSdkRuns(), say=self.log.info)
+        fleet, book = self.hook.get_conn(), ledger(cfg.ledger.url)
+        out = reconcile(cfg, fleet, book, TaskSdkRuns(), say=self.log.info)
+        try:  # the metrics' hosts, fresh every reconcile even when no train runs
+            record_fleet(fleet, book)
+        except FleetError as exc:
+            self.log.warning("fleet counts not recorded: %s", exc)
         for r in out:
             self.log.info("%s: %s (%s)", r["op"], r["action"], r.get("error") or r["why"])
         failed = [r for r in out if r["action"] == "failed"]

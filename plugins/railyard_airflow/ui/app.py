@@ -9,7 +9,9 @@ refusal lands in the ledger's audit with the Airflow user.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import threading
 import time
 from functools import lru_cache
@@ -18,7 +20,8 @@ from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.core_api.security import get_user
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from railyard_airflow.ui import views
@@ -120,6 +123,36 @@ def _fleet(conn_id: str) -> Any:
     return FleetHook(conn_id).get_conn(read_only=True)  # a page view reaches no host
 
 
+def scrape_token() -> str | None:
+    """The metrics' scrape token: RAILYARD_METRICS_TOKEN, else the first line of RAILYARD_METRICS_TOKEN_FILE."""
+    token = os.environ.get("RAILYARD_METRICS_TOKEN", "").strip()
+    path = os.environ.get("RAILYARD_METRICS_TOKEN_FILE", "").strip()
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError):
+            log.error("RAILYARD_METRICS_TOKEN_FILE: cannot read a token from %s", path)
+            token = ""
+    return token or None
+
+
+async def scrape_allowed(request: Request) -> None:
+    """The scrape token, else Airflow's own auth (a bearer JWT or the UI's cookie); else 401."""
+    header = request.headers.get("authorization", "")
+    scheme, _, credentials = header.partition(" ")
+    token = scrape_token()
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode()):
+        return
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    jwt = credentials.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    if not jwt:
+        raise HTTPException(401, "metrics: a scrape token or an Airflow login is needed",
+                            headers={"WWW-Authenticate": "Bearer"})
+    await resolve_user_from_token(jwt)  # raises 401/403 for a token Airflow does not accept
+
+
 def may_act(user: Any) -> bool:
     """Airflow's auth manager: may this user create runs of the Railyard DAGs?"""
     from airflow.api_fastapi.app import get_auth_manager
@@ -209,6 +242,17 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     @app.get("/", include_in_schema=False)
     def page(user: User) -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        """Prometheus' scrape: the scrape token (RAILYARD_METRICS_TOKEN, or the file RAILYARD_METRICS_TOKEN_FILE
+        names) as a bearer token, or any caller Airflow's auth manager knows; anyone else gets a 401."""
+        await scrape_allowed(request)
+        from railyard.operations.metrics import CONTENT_TYPE, render
+
+        s = src(request)
+        body = await run_in_threadpool(render, s.config, s.ledger)
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/api/me")
     def me(request: Request, user: User) -> dict[str, Any]:

@@ -110,8 +110,9 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
-        if issubclass(fleet_class(config), (Reservations, HealthGate)):  # reservations made ahead, a gate (Slurm)
-            # a teardown: it runs whatever failed, and the run's state stays that of its stops
+        if config.notify or issubclass(fleet_class(config), (Reservations, HealthGate)):
+            # reservations made ahead and a gate (Slurm), the train_finished event: a teardown, it runs whatever
+            # failed, and the run's state stays that of its stops
             end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
             [*prev] >> end.as_teardown()
     _set_params(dag, {"dry_run": Param(False, type="boolean",

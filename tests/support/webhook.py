@@ -11,9 +11,11 @@ from typing import Any
 
 
 @contextmanager
-def webhook_server(path: str = "/hook", must_hold: str | None = None) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def webhook_server(path: str = "/hook", must_hold: str | None = None,
+                   answer: tuple[int, bytes] = (204, b"")) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """Yields (the URL to post to, the bodies received so far). `path` may carry a query; with `must_hold`,
-    a POST whose path lacks it is answered 404 and not kept (the secret is what routes a real one)."""
+    a POST whose path lacks it is answered 404 and not kept (the secret is what routes a real one). A kept
+    POST is answered `answer` (Slack's webhooks answer 200 "ok", which its provider checks)."""
     got: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -23,7 +25,12 @@ def webhook_server(path: str = "/hook", must_hold: str | None = None) -> Iterato
                 self.send_response(404)
             else:
                 got.append(json.loads(body))
-                self.send_response(204)
+                self.send_response(answer[0])
+                if answer[1]:
+                    self.send_header("Content-Length", str(len(answer[1])))
+                    self.end_headers()
+                    self.wfile.write(answer[1])
+                    return
             self.end_headers()
 
         def log_message(self, *a: Any) -> None:

@@ -162,7 +162,7 @@ class Records(LedgerBase):
                               .group_by(operations.c.train, operations.c.state)).all()
             kinds = c.execute(select(operations.c.kind, func.count()).group_by(operations.c.kind)).all()
             actions = c.execute(select(audit.c.action, func.count())
-                                .where(audit.c.action.in_(("escalation", "emergency_trigger")))
+                                .where(audit.c.action.in_(("escalation", "emergency_trigger", "notify_failed")))
                                 .group_by(audit.c.action)).all()
             offboards = c.execute(select(audit.c.reason, audit.c.hosts).where(audit.c.action == "offboard")).all()
         return {"stops": [(t or "", st, n) for t, st, n in stops], "kinds": {k: n for k, n in kinds},

@@ -272,6 +272,9 @@ class RailyardCollector(Collector):
         escalations = CounterMetricFamily("railyard_escalations", "Escalations sent (stuck work, overdue domains)")
         escalations.add_metric([], t["actions"].get("escalation", 0))
         yield escalations
+        failed = CounterMetricFamily("railyard_notifications_failed", "Notifications a notifier failed to send")
+        failed.add_metric([], t["actions"].get("notify_failed", 0))
+        yield failed
 
 
 def record_fleet(fleet: Any, ledger: Ledger) -> None:

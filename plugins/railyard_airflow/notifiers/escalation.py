@@ -35,8 +35,12 @@ class EscalationNotifier(BaseNotifier):
         mask_webhook(cfg)
         summary = f"train {self.train_id} stopped at {task}: {reason}"
         self.log.error(summary)
-        escalate(cfg, ledger(cfg.ledger.url), kind="train_stopped", summary=summary,
-                 train=self.train_id, run_id=run_id, task=task)
+        led = ledger(cfg.ledger.url)
+        escalate(cfg, led, kind="train_stopped", summary=summary, train=self.train_id, run_id=run_id, task=task)
+        from railyard_airflow.notifiers.route import Event, send
+
+        send(cfg, led, Event("train_stopped", summary, train=self.train_id, reason=reason, run_id=run_id,
+                             extra={"task": task}))
 
 
 def mask_webhook(cfg: RailyardConfig) -> None:

@@ -50,4 +50,13 @@ class EmergencyPlanOperator(FleetOperator):
             + (f" | skip checkpoints: {req.skip_checkpoint_reason}" if req.skip_checkpoint else "")
             + (f" | large scale x{req.domains_at_once}: {req.large_scale_reason}" if req.large_scale else ""),
         )
+        if not req.dry_run:
+            from railyard_airflow.notifiers.route import Event, send
+
+            domains = [s["domain"] for s in p["stops"]]
+            send(cfg, led, Event("emergency_triggered", f"emergency triggered by {user}: {req.reason}: releases "
+                                 f"{', '.join(req.releases)} on {', '.join(domains) or 'nothing'}",
+                                 reason=req.reason, run_id=run_id, actor=user,
+                                 extra={"releases": list(req.releases), "domains": domains}),
+                 once_for=emergency_run_op(run_id))
         return {"stops": [s["domain"] for s in p["stops"]], "dry_run": req.dry_run, "estimate_s": p["estimate_s"]}

@@ -28,6 +28,16 @@ class ReleaseActionOperator(FleetOperator):
                              actor=user, now=self.hook.get_conn().now(), key=str(context["run_id"]))
         except ReleaseError as exc:
             raise AirflowFailException(f"release form refused, nothing changed: {exc}") from None
+        action = str(params.get("action"))
+        if action in ("promote", "halt"):
+            from railyard_airflow.notifiers.route import Event, send
+
+            kind = "release_promoted" if action == "promote" else "release_halted"
+            what = f"promoted to {st.phase}" if action == "promote" else "halted"
+            reason = str(params.get("reason") or "")
+            send(cfg, rollout.ledger, Event(kind, f"release {st.release} {what} by {user}: {reason}", reason=reason,
+                                            run_id=str(context["run_id"]), actor=user,
+                                            extra={"release": st.release, "phase": st.phase}))
         for r in rollout.table():
             self.log.info("%-20s %-8s %s", r["release"], r["phase"], f"HALTED: {r['reason']}" if r["halted"] else "")
         return {"release": st.release, "phase": st.phase, "halted": st.halted, "by": user}

@@ -16,6 +16,7 @@ from railyard.operations.releases import describe_drift, describe_plan, drift, p
 from railyard_airflow.context import config, ledger
 from railyard_airflow.hooks.fleet import FleetHook
 from railyard_airflow.mixins import FleetOperator
+from railyard_airflow.notifiers.route import Event, send
 
 
 class CycleReportOperator(BaseOperator):
@@ -45,8 +46,11 @@ class CycleReportOperator(BaseOperator):
         overdue = overdue_domains(cfg, led, self.train_id, now)
         if overdue:
             names = ", ".join(o["domain"] for o in overdue)
-            escalate(cfg, led, kind="cycle_overdue", summary=f"train {self.train_id}: overdue for its cycle: {names}",
+            summary = f"train {self.train_id}: overdue for its cycle: {names}"
+            escalate(cfg, led, kind="cycle_overdue", summary=summary,
                      train=self.train_id, run_id=context.get("run_id"), overdue=overdue)
+            send(cfg, led, Event("escalation", summary, train=self.train_id, reason="cycle_overdue",
+                                 run_id=context.get("run_id")))
         fleet = self.hook.get_conn()
         p = plan_train(cfg, cfg.train(self.train_id), fleet, led)
         self.log.info("plan%s:\n%s", " (DRY RUN: nothing will be touched)" if (context.get("params") or {})
@@ -54,13 +58,18 @@ class CycleReportOperator(BaseOperator):
         self.log.info("%s", describe_drift(drift(cfg, fleet.hosts(), now)))
         if p["violations"]:
             raise AirflowFailException("plan refused before any host is touched: " + "; ".join(p["violations"]))
+        if not (context.get("params") or {}).get("dry_run"):
+            send(cfg, led, Event("train_started", f"train {self.train_id} started (run {context.get('run_id')}): "
+                                 f"{len(p['domains'])} domain(s), {p['hosts_to_upgrade']} host(s) to upgrade",
+                                 train=self.train_id, run_id=context.get("run_id")))
         return {"overdue": [o["domain"] for o in overdue], "plan": {k: p[k] for k in (
             "domains", "hosts_to_upgrade", "hosts_visited", "estimate_s", "lowest_serving_fraction")}}
 
 
 class EndRunOperator(FleetOperator):
     """The run's teardown: whatever happened, reservations made ahead for domains no operation holds
-    are deleted (`railyard.operations.stop.end_run`), so a halted or failed train leaves none behind."""
+    are deleted (`railyard.operations.stop.end_run`), so a halted or failed train leaves none behind; then the
+    train_finished event, with the hosts the run visited and offboarded."""
 
     ui_color = "#eeeeee"
 
@@ -75,6 +84,12 @@ class EndRunOperator(FleetOperator):
             self.log.info("dry run: no gate enforced, no reservation deleted")
             return []
         cfg = self.cfg()
-        gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), ledger(cfg.ledger.url))
+        led = ledger(cfg.ledger.url)
+        gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), led)
         self.log.info("reservations deleted at the end of the run: %s", ", ".join(gone) or "none")
+        run_id = str(context.get("run_id"))
+        leased, failed, _why = led.run_failures(f"{self.train_id}/{run_id}/")
+        send(cfg, led, Event("train_finished", f"train {self.train_id} run {run_id} ended: {leased} host(s) visited, "
+                             f"{failed} offboarded to repair", train=self.train_id, run_id=run_id,
+                             extra={"hosts": leased, "offboarded": failed}))
         return gone

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from railyard.operations.stop import Stop, StopError
 from railyard_airflow.mixins import StopTaskMixin
+from railyard_airflow.notifiers.route import stop_events
 
 
 class DomainStopOperator(BaseOperator, StopTaskMixin):
@@ -28,7 +29,10 @@ class DomainStopOperator(BaseOperator, StopTaskMixin):
         except StopError as exc:
             raise AirflowFailException(str(exc)) from None
         self.log.info("%s %s: %s", self.task_id, stop.domain.name, result)
+        stop_events(stop, self.step, result, context.get("run_id"))
         return result
+
+    step = "step"
 
     def run(self, stop: Stop) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -37,12 +41,16 @@ class DomainStopOperator(BaseOperator, StopTaskMixin):
 class DrainDomainOperator(DomainStopOperator):
     """Drain the leased hosts of the domain and wait until they are empty."""
 
+    step = "drain"
+
     def run(self, stop: Stop) -> Any:
         return stop.drain()
 
 
 class UpgradeDomainOperator(DomainStopOperator):
     """Apply every pending release to every drained host; failed hosts go to repair."""
+
+    step = "upgrade"
 
     def run(self, stop: Stop) -> Any:
         return stop.upgrade()
@@ -54,12 +62,16 @@ class HealthCheckOperator(DomainStopOperator):
     Fails (and so halts the train at this stop) when too many of the run's hosts have failed.
     """
 
+    step = "check"
+
     def run(self, stop: Stop) -> Any:
         return stop.check()
 
 
 class ReturnDomainOperator(DomainStopOperator):
     """Return verified hosts and release the lease. Runs as the stop's teardown, whatever failed."""
+
+    step = "return"
 
     ui_color = "#d7f0dc"
 

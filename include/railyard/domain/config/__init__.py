@@ -10,7 +10,7 @@ import os
 import re
 from datetime import date, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -362,6 +362,21 @@ class SchedulesSpec(Strict):
         return check_cron(v)
 
 
+NotifyEvent = Literal["train_started", "train_finished", "train_stopped", "stop_done", "host_offboarded",
+                      "release_promoted", "release_halted", "emergency_triggered", "escalation"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
+
+
+class NotifyRoute(Strict):
+    """Events sent to one Airflow connection, through the notifier of its type (Slack webhook, Apprise, HTTP)."""
+
+    connection: Token = Field(description="the Airflow connection id; its type picks the notifier: slackwebhook "
+                              "(apache-airflow-providers-slack), apprise (apache-airflow-providers-apprise) or "
+                              "http (a JSON POST)")
+    events: list[NotifyEvent] = Field(default_factory=lambda: list(NOTIFY_EVENTS), min_length=1,
+                                      description="which events go there (default: every one)")
+
+
 class RailyardConfig(Strict):
     components: list[ComponentSpec] = Field(description="what a host runs that a release may change (driver, "
                                             "firmware, kernel), with install and verify commands")
@@ -393,6 +408,9 @@ class RailyardConfig(Strict):
                                            "and the host stack it needs")
     schedules: SchedulesSpec = Field(default=SchedulesSpec(), description="how often the repair and "
                                      "reconcile DAGs run")
+    notify: list[NotifyRoute] = Field(default_factory=list, description="where each event is sent (train started, "
+                                      "finished, stopped; stop done; host offboarded; release promoted, halted; "
+                                      "emergency triggered; escalation)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RailyardConfig:

@@ -22,7 +22,8 @@ FAILS = "gpu-b01"  # pod-b's only host: the one whose deep check is made to fail
 
 @pytest.fixture
 def hooks():
-    with webhook_server("/slack", must_hold=SLACK_TOKEN, answer=(200, b"ok")) as slack, webhook_server("/json") as plain:
+    with (webhook_server("/slack", must_hold=SLACK_TOKEN, answer=(200, b"ok")) as slack,
+          webhook_server("/json") as plain):
         yield slack, plain
 
 
@@ -63,7 +64,8 @@ def test_each_event_of_a_train_with_an_offboarded_host_is_one_message(train_env,
     assert reason and fleet.hosts([FAILS])[0].state == HostState.REPAIR
 
     texts = [b["text"] for b in slack_got]
-    kinds = {"started": [t for t in texts if " started " in t], "offboarded": [t for t in texts if "offboarded to repair:" in t],
+    kinds = {"started": [t for t in texts if " started " in t],
+             "offboarded": [t for t in texts if "offboarded to repair:" in t],
              "done": [t for t in texts if "stop of" in t], "ended": [t for t in texts if " ended: " in t]}
     assert len(texts) == 1 + 1 + 3 + 1, texts  # started, one offboard, three stops, finished: each once
     assert [len(v) for v in kinds.values()] == [1, 1, 3, 1], kinds

@@ -7,11 +7,14 @@ import copy
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from railyard.cli import config_schema
 from railyard.domain.config import ConfigError, parse_config
@@ -71,3 +74,34 @@ def test_the_docs_field_reference_is_the_models_own() -> None:
     assert generated == reference(RailyardConfig), (
         "docs/configuration.md is out of date: regenerate its reference with `railyard schema --markdown`")
     assert all(f"| `{name}` |" in generated for name in RailyardConfig.model_fields)
+
+
+def _reachable_models(root: type[BaseModel]) -> list[type[BaseModel]]:
+    """`root` and every model its fields hold (X, list[X], dict[str, X], X | None, Annotated[X, ...]), deep."""
+    def held(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in held(arg)]
+
+    order = [root]
+    for model in order:  # grows as it is walked: each model once, in the order first reached
+        for field in model.model_fields.values():
+            for sub in held(field.annotation):
+                if sub not in order:
+                    order.append(sub)
+    return order
+
+
+def test_every_config_field_has_a_description() -> None:
+    """The field reference and an editor's hover text come from `Field(description=...)`: a field added
+    without one fails here, by its model and name."""
+    from railyard.domain.config import RailyardConfig
+
+    models = _reachable_models(RailyardConfig)
+    assert {"SshSpec", "SlurmSpec", "HealthChecksSpec", "BufferSpec", "JobsSpec"} <= {m.__name__ for m in models}
+    missing = [f"{m.__name__}.{name}" for m in models for name, field in m.model_fields.items()
+               if not (field.description or "").strip()]
+    assert not missing, f"config fields without a description: {', '.join(missing)}"
+    dotted = [f"{m.__name__}.{name}" for m in models for name, field in m.model_fields.items()
+              if (field.description or "").rstrip().endswith(".")]
+    assert not dotted, f"descriptions ending in a period (the reference's cells have none): {', '.join(dotted)}"

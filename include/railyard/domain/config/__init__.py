@@ -52,8 +52,9 @@ def expand_hostlist(item: str) -> list[str]:
 
 
 class ComponentSpec(Strict):
-    name: Token
-    reboot: bool = False
+    name: Token = Field(description="the component's id, as releases, rules and host versions name it")
+    reboot: bool = Field(default=False, description="its install needs a host reboot (ssh, slurm: "
+                         "fleet.ssh.reboot_command after the installs); plans add estimates.reboot_s")
     duration_s: float = Field(default=600, gt=0, description="expected install time on the fleet clock")
     install: CommandTemplate | None = Field(default=None, description="install command template (ssh backend)")
     verify: CommandTemplate | None = Field(default=None, description="prints the installed version (ssh backend)")
@@ -66,35 +67,45 @@ class RolloutSpec(Strict):
     """canary -> staged -> fleet. A phase is promoted when its hosts are done, have soaked `soak_s`
     (fleet clock) and failed at most `max_failure_rate`; above that rate the release halts."""
 
-    canary_domains: list[Token] = Field(default_factory=list, description="default: the first domain")
-    canary_hosts: list[Token] = Field(default_factory=list)
-    staged_fraction: float = Field(default=0.25, gt=0, lt=1, description="of the fleet, canary hosts first")
-    soak_s: float = Field(default=3600, ge=0)
-    max_failure_rate: float = Field(default=0.2, ge=0, le=1)
-    auto_promote: bool = True
+    canary_domains: list[Token] = Field(default_factory=list, description="domains whose hosts make the canary "
+                                        "phase; with no canary_hosts either: the first domain")
+    canary_hosts: list[Token] = Field(default_factory=list, description="single hosts added to the canary phase")
+    staged_fraction: float = Field(default=0.25, gt=0, lt=1, description="fraction 0..1 of the fleet the staged "
+                                   "phase admits: the canary hosts, then hosts in domain order")
+    soak_s: float = Field(default=3600, ge=0, description="fleet seconds a phase soaks after its last host "
+                          "passed before it is promoted")
+    max_failure_rate: float = Field(default=0.2, ge=0, le=1, description="fraction 0..1 of a phase's checked "
+                                    "hosts that may fail; above it the release halts")
+    auto_promote: bool = Field(default=True, description="promote a phase once done and soaked; false: wait for "
+                               "`railyard release promote`")
 
 
 class ReleaseSpec(Strict):
-    id: Token
-    component: Token
-    version: Token
-    released: date | None = None
+    id: Token = Field(description="the release's id, as trains name it")
+    component: Token = Field(description="the component it changes")
+    version: Token = Field(description="the version it installs")
+    released: date | None = Field(default=None, description="the version's release date, for drift's ages "
+                                  "(the component's versions catalog wins)")
     rollout: RolloutSpec | None = Field(default=None, description="phases; none = the whole fleet at once")
 
 
 class CompatibilitySpec(Strict):
     """Rules between components (railyard.domain.compat) and the install order of coupled ones in a visit."""
 
-    rules: list[str] = Field(default_factory=list)
-    order: list[Token] = Field(default_factory=list)
+    rules: list[str] = Field(default_factory=list, description="one rule a line: 'A == B', 'COND requires COND' "
+                             "or 'COND conflicts COND'; a train whose plan breaks one is refused before any "
+                             "host is touched")
+    order: list[Token] = Field(default_factory=list, description="install order in a visit: what a `requires` "
+                               "needs first, then these components in this order, then the train's order")
 
 
 class JobStackSpec(Strict):
     """What jobs ship in their images (e.g. a CUDA version) and the host stack it needs."""
 
-    name: Token
+    name: Token = Field(description="the stack's name in drift's coverage report (e.g. cuda-12-8)")
     needs: list[str] = Field(min_length=1, description="conditions 'COMPONENT OP VERSION'")
-    target: float = Field(default=0.9, gt=0, le=1, description="fleet-ready at this fraction of hosts")
+    target: float = Field(default=0.9, gt=0, le=1, description="fleet-ready when this fraction 0..1 of "
+                          "the hosts can run it")
 
 
 HOSTLIST_SCHEMA = {"description": "host names, or Slurm-style ranges (gpu-a[01-08]): one, or a list",
@@ -102,9 +113,11 @@ HOSTLIST_SCHEMA = {"description": "host names, or Slurm-style ranges (gpu-a[01-0
 
 
 class DomainSpec(Strict):
-    name: Token
-    hosts: Annotated[list[Token], WithJsonSchema(HOSTLIST_SCHEMA, mode="validation")]
-    sku: Token = "gpu"
+    name: Token = Field(description="the domain's id, as trains and canary_domains name it")
+    hosts: Annotated[list[Token], WithJsonSchema(HOSTLIST_SCHEMA, mode="validation")] = Field(
+        description="its hosts, or Slurm-style ranges (gpu-a[01-08]): one, or a list; a host is in one domain")
+    sku: Token = Field(default="gpu", description="the capacity pool of its hosts: buffers, GPU counts and NCCL "
+                       "floors are per SKU")
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -145,10 +158,10 @@ class WindowSpec(Strict):
     An `end` at or before `start` closes the next day (a night window, e.g. 22:00-04:00).
     """
 
-    days: list[Day] = Field(default_factory=lambda: list(DAYS))
-    start: str = "00:00"
-    end: str = "24:00"
-    timezone: str = "UTC"
+    days: list[Day] = Field(default_factory=lambda: list(DAYS), description="the days the window opens")
+    start: str = Field(default="00:00", description="local time HH:MM the window opens")
+    end: str = Field(default="24:00", description="local time HH:MM it closes; at or before start: the next day")
+    timezone: str = Field(default="UTC", description="IANA time zone of start and end (e.g. Europe/Paris)")
 
     @field_validator("start", "end")
     @classmethod
@@ -173,8 +186,9 @@ class WindowSpec(Strict):
 class FreezeSpec(Strict):
     """Dates on which no train starts a stop (change freezes); `railyard freeze on` adds a switch."""
 
-    dates: list[date] = Field(default_factory=list)
-    timezone: str = "UTC"
+    dates: list[date] = Field(default_factory=list, description="days (YYYY-MM-DD) on which no train starts a "
+                              "stop; emergencies still run")
+    timezone: str = Field(default="UTC", description="IANA time zone the dates are days of")
 
     @field_validator("timezone")
     @classmethod
@@ -185,11 +199,12 @@ class FreezeSpec(Strict):
 class EstimatesSpec(Strict):
     """Expected fleet seconds of each part of a stop, for windows and plans (installs: per component)."""
 
-    checkpoint_s: float = Field(default=60, ge=0)
-    drain_s: float = Field(default=120, ge=0)
-    reboot_s: float = Field(default=180, ge=0)
-    check_s: float = Field(default=300, ge=0)
-    return_s: float = Field(default=30, ge=0)
+    checkpoint_s: float = Field(default=60, ge=0, description="fleet seconds for the jobs to checkpoint")
+    drain_s: float = Field(default=120, ge=0, description="fleet seconds to drain the hosts")
+    reboot_s: float = Field(default=180, ge=0, description="fleet seconds of a reboot, counted when a component "
+                            "installed needs one")
+    check_s: float = Field(default=300, ge=0, description="fleet seconds of the deep health check")
+    return_s: float = Field(default=30, ge=0, description="fleet seconds to return the hosts to service")
 
 
 class EscalationSpec(Strict):
@@ -213,11 +228,12 @@ class EmergencySpec(Strict):
 
 
 class TrainSpec(Strict):
-    id: Token
+    id: Token = Field(description="the train's id; its DAG is railyard_train_ID (a '.' becomes '_')")
     schedule: str | None = Field(default=None, description="cron expression or preset; none = manual only")
-    releases: list[Token] = Field(min_length=1)
+    releases: list[Token] = Field(min_length=1, description="ids of the releases it applies, at most one per "
+                                  "component")
     domains: list[Token] | None = Field(default=None, description="visit order; default: every domain")
-    description: str = ""
+    description: str = Field(default="", description="the DAG's description; empty: 'Maintenance train ID'")
     window: WindowSpec | None = Field(default=None, description="when stops may start; default: any time")
     cycle_days: float | None = Field(default=None, gt=0, description="every domain visited at least this often")
     max_failure_fraction: float = Field(
@@ -230,8 +246,9 @@ class TrainSpec(Strict):
 class BufferSpec(Strict):
     """A share of the fleet: exactly one of `hosts` or `fraction`."""
 
-    hosts: int | None = Field(default=None, ge=0)
-    fraction: float | None = Field(default=None, ge=0, le=1)
+    hosts: int | None = Field(default=None, ge=0, description="a number of hosts")
+    fraction: float | None = Field(default=None, ge=0, le=1, description="a fraction 0..1 of the pool's hosts, "
+                                   "rounded down")
 
     @model_validator(mode="after")
     def _one(self) -> BufferSpec:
@@ -244,14 +261,17 @@ class BufferSpec(Strict):
 
 
 class PoolBuffersSpec(Strict):
-    maintenance: BufferSpec
-    failure: BufferSpec
+    maintenance: BufferSpec = Field(description="hosts the pool may have out for maintenance at once; at least "
+                                    "its largest domain")
+    failure: BufferSpec = Field(description="broken hosts (failed, in repair, out with no lease) the pool "
+                                "tolerates; beyond it trains stop")
 
 
 class BuffersSpec(PoolBuffersSpec):
     """Applied to each capacity pool (the hosts of one SKU); `by_sku` overrides a pool's buffers."""
 
-    by_sku: dict[Token, PoolBuffersSpec] = Field(default_factory=dict)
+    by_sku: dict[Token, PoolBuffersSpec] = Field(default_factory=dict, description="SKU -> buffers that replace "
+                                                 "these for that pool")
 
     def for_sku(self, sku: str) -> PoolBuffersSpec:
         return self.by_sku.get(sku, self)
@@ -260,13 +280,16 @@ class BuffersSpec(PoolBuffersSpec):
 class TimeoutsSpec(Strict):
     """Real seconds each wait may last before it ends with a clear outcome."""
 
-    capacity_wait_s: float = Field(default=3600, gt=0)
-    checkpoint_wait_s: float = Field(default=900, gt=0)
-    drain_s: float = Field(default=900, gt=0)
-    upgrade_s: float = Field(default=3600, gt=0)
-    check_s: float = Field(default=1800, gt=0)
-    return_s: float = Field(default=900, gt=0)
-    poll_s: float = Field(default=0.5, gt=0)
+    capacity_wait_s: float = Field(default=3600, gt=0, description="real seconds a stop may wait for its lease "
+                                   "(buffers, windows, freezes, max_domains_down); then it fails")
+    checkpoint_wait_s: float = Field(default=900, gt=0, description="real seconds the jobs on a domain may take "
+                                     "to checkpoint; then the stop fails, nothing drained")
+    drain_s: float = Field(default=900, gt=0, description="real seconds the hosts may take to drain")
+    upgrade_s: float = Field(default=3600, gt=0, description="real seconds the installs on a domain may take")
+    check_s: float = Field(default=1800, gt=0, description="real seconds the deep health check may take")
+    return_s: float = Field(default=900, gt=0, description="real seconds the hosts may take to serve again")
+    poll_s: float = Field(default=0.5, gt=0, description="real seconds between two reads of the fleet while a "
+                          "step waits in its own task; sensors and triggers use fleet.poll_s")
     fleet_outage_s: float = Field(default=600, ge=0, description="how long disruptive steps keep retrying "
                                   "while the fleet API is unreachable")
 
@@ -274,10 +297,14 @@ class TimeoutsSpec(Strict):
 class FleetSpec(Strict):
     """`http`: a fleet manager (the simulator) at Airflow connection `connection`; `ssh`: plain hosts."""
 
-    backend: Literal["http", "ssh", "slurm"] = "http"
-    connection: Token = "railyard_fleet"
-    ssh: SshSpec | None = None
-    slurm: SlurmSpec | None = None  # backend slurm: railyard.domain.config.slurm (defaults when absent)
+    backend: Literal["http", "ssh", "slurm"] = Field(default="http", description="http: a fleet API (the "
+                                                     "simulator is one); ssh: plain hosts; slurm: a Slurm cluster")
+    connection: Token = Field(default="railyard_fleet", description="the Airflow connection of the fleet API "
+                              "(backend http)")
+    ssh: SshSpec | None = Field(default=None, description="hosts, credentials and checks over SSH; required "
+                                "for backend ssh, and for slurm with runner ssh")
+    slurm: SlurmSpec | None = Field(default=None, description="backend slurm: the cluster; absent = its "
+                                    "defaults")
     poll_s: float | None = Field(
         default=None, ge=0.1, le=3600,
         description="seconds between two reads of the fleet by a waiting step (a trigger's poll, a sensor's "
@@ -311,28 +338,35 @@ class LedgerSpec(Strict):
 
 
 class JobsSpec(Strict):
-    count: int = Field(default=6, ge=0)
-    hosts_per_job: int = Field(default=8, ge=1)
-    checkpoint_interval_s: float = Field(default=1800, gt=0)
-    checkpoint_duration_s: float = Field(default=60, ge=0)
+    count: int = Field(default=6, ge=0, description="jobs placed on the fleet at first start")
+    hosts_per_job: int = Field(default=8, ge=1, description="hosts each job runs on")
+    checkpoint_interval_s: float = Field(default=1800, gt=0, description="fleet seconds between a job's own "
+                                         "checkpoints")
+    checkpoint_duration_s: float = Field(default=60, ge=0, description="fleet seconds a requested checkpoint "
+                                         "takes")
 
 
 class SimulatorSpec(Strict):
     """The embedded fleet: durations are on the fleet clock, which runs `speed` times real time."""
 
-    port: int = Field(default=8765, ge=1, le=65535)
-    speed: float = Field(default=60, gt=0)
+    port: int = Field(default=8765, ge=1, le=65535, description="port of `railyard sim serve`'s fleet API, and "
+                      "the CLI's fleet URL when none is given")
+    speed: float = Field(default=60, gt=0, description="fleet seconds per real second")
     start_at: datetime | None = Field(default=None, description="fleet clock at first start; default: now")
-    seed: int = 1
-    initial_versions: dict[Token, Token] = Field(default_factory=dict)
-    gpus_per_host: int = Field(default=8, ge=1)
-    jobs: JobsSpec = JobsSpec()
-    drain_s: float = Field(default=120, ge=0)
-    check_s: float = Field(default=300, ge=0)
-    reboot_s: float = Field(default=180, ge=0)
-    return_s: float = Field(default=30, ge=0)
-    upgrade_fail_rate: float = Field(default=0.0, ge=0, le=1)
-    check_fail_rate: float = Field(default=0.0, ge=0, le=1)
+    seed: int = Field(default=1, description="seed of its random draws (failures and their reasons)")
+    initial_versions: dict[Token, Token] = Field(default_factory=dict, description="component -> version every "
+                                                 "host has at first start")
+    gpus_per_host: int = Field(default=8, ge=1, description="GPUs of each host")
+    jobs: JobsSpec = Field(default=JobsSpec(), description="the training jobs it runs on the fleet")
+    drain_s: float = Field(default=120, ge=0, description="fleet seconds a host takes to drain")
+    check_s: float = Field(default=300, ge=0, description="fleet seconds a health check takes")
+    reboot_s: float = Field(default=180, ge=0, description="fleet seconds added to an upgrade with a reboot "
+                            "component (one reboot for all)")
+    return_s: float = Field(default=30, ge=0, description="fleet seconds a host takes to serve again")
+    upgrade_fail_rate: float = Field(default=0.0, ge=0, le=1, description="chance 0..1 that a host's upgrade "
+                                     "fails at one of its installs")
+    check_fail_rate: float = Field(default=0.0, ge=0, le=1, description="chance 0..1 that a health check of a "
+                                   "host at its target versions fails anyway")
     host_failure_per_hour: float = Field(default=0.0, ge=0,
                                          description="random failures per serving host per fleet hour")
     repair_s: float = Field(default=3600, ge=0, description="how long a randomly failed host stays failed")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,9 +19,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from railyard.domain.config import RailyardConfig
-from railyard.domain.models import BROKEN_STATES, Host, HostState
+from railyard.domain.models import BROKEN_STATES, HostState
 from railyard.domain.planning import budget_for
 from railyard.ledger import Ledger
+from railyard.operations.fleetcounts import fleet_counts, record_fleet
 from railyard.operations.reconcile import dag_id_for
 from railyard.operations.releases import Rollout
 
@@ -51,24 +52,6 @@ def check_of(reason: str) -> str:
                 return name
         return "health"
     return "other"
-
-
-def fleet_counts(hosts: Iterable[Host], now: float, held: Collection[str] = ()) -> list[tuple[str, str, str, float]]:
-    """One read of the fleet as the rows `Ledger.record_fleet_counts` keeps: hosts by (sku, state), hosts by
-    (component, version), hosts out of service that no operation holds by SKU (an admin's drain, a host down
-    by itself: they count against the maintenance buffer too), and the fleet's clock at the read."""
-    states: Counter[tuple[str, str]] = Counter()
-    versions: Counter[tuple[str, str]] = Counter()
-    unheld: Counter[str] = Counter()
-    for h in hosts:
-        states[(h.sku, h.state.value)] += 1
-        versions.update(h.versions.items())
-        if h.state != HostState.SERVING and h.state not in BROKEN_STATES and h.name not in held:
-            unheld[h.sku] += 1
-    return ([("state", sku, st, float(n)) for (sku, st), n in sorted(states.items())]
-            + [("version", c, v, float(n)) for (c, v), n in sorted(versions.items())]
-            + [("unheld_out", sku, "", float(n)) for sku, n in sorted(unheld.items())]
-            + [("clock", "fleet", "now", now)])
 
 
 class RailyardCollector(Collector):
@@ -275,12 +258,6 @@ class RailyardCollector(Collector):
         failed = CounterMetricFamily("railyard_notifications_failed", "Notifications a notifier failed to send")
         failed.add_metric([], t["actions"].get("notify_failed", 0))
         yield failed
-
-
-def record_fleet(fleet: Any, ledger: Ledger) -> None:
-    """Read the fleet once and keep its counts in the ledger, for the metrics (a write path's step only)."""
-    hosts = fleet.hosts()
-    ledger.record_fleet_counts(fleet_counts(hosts, fleet.now(), set(ledger.holdings())), time.time())
 
 
 def render(config: RailyardConfig, ledger: Ledger, *, wall: float | None = None) -> bytes:

@@ -510,7 +510,7 @@ class Stop:
             self.say(f"{self.domain.name}: capacity not sampled: {exc}")
             return
         self.ledger.sample_capacity(cap.now, cap.serving_hosts, cap.total_hosts, self.op_id)
-        from railyard.operations.metrics import record_fleet
+        from railyard.operations.fleetcounts import record_fleet
 
         try:
             record_fleet(self.fleet, self.ledger)

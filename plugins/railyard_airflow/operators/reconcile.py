@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from railyard.fleet.port import FleetError
-from railyard.operations.metrics import record_fleet
+from railyard.operations.fleetcounts import record_fleet
 from railyard.operations.reconcile import reconcile, run_state_name
 from railyard_airflow.context import ledger
 from railyard_airflow.mixins import FleetOperator

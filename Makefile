@@ -25,7 +25,7 @@ demo: pyc  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: ex
 	$(BIN)/railyard demo
 
 # One process by default. `make test LANES="-n 2 --dist loadscope"` runs two pytest-xdist workers side by side, one
-# lane each (tests/conftest.py says which tests go where): 27 minutes here instead of 35, but not the default yet:
+# lane each (tests/conftest.py says which tests go where; timings in docs/DEVELOPMENT.md). Not the default:
 # under that load `airflow standalone`'s SQLite ended a scheduler with "database is locked" (1 run of 2; WAL did not help).
 LANES ?=
 
@@ -38,7 +38,7 @@ test-fast: deps pyc lint  ## lint, then everything but the end-to-end tier
 test-e2e: deps pyc
 	$(BIN)/pytest -q $(LANES) -m e2e
 
-faults: deps pyc  ## the fault suite at the issue's full counts, with its summary of figures
+faults: deps pyc  ## the fault suite at its full counts (20 trials, 10 + 10 kills, 30 s and 5 min outages), with a summary
 	RAILYARD_FAULT_TRIALS=20 RAILYARD_FAULT_KILLS=10 RAILYARD_FAULT_SCHEDULER_KILLS=10 RAILYARD_FAULT_OUTAGES=30,300 \
 	  $(BIN)/pytest -q -s -p no:warnings tests/e2e/test_faults.py 2>&1 | grep -v '^\s*\[\|^20[0-9][0-9]-'
 
@@ -71,7 +71,7 @@ lint: $(STAMP)  ## ruff everywhere, mypy --strict on the core and the Airflow pl
 	$(BIN)/ruff check include plugins dags tests bench
 	$(BIN)/mypy
 
-stop:  ## stop every `make demo` on this machine and all it started (found by a marker, whatever its home)
+stop:  ## stop every `make demo` on the host and all it started (found by a marker, whatever its home)
 	@if [ -x $(BIN)/railyard ]; then $(BIN)/railyard demo --stop; else echo "nothing to stop"; fi
 
 clean: stop

@@ -359,7 +359,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return stop_demos() if args.stop else demo_main(once=args.once)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `railyard` command's parser, every subcommand with its arguments (docs examples are parsed with it)."""
     p = argparse.ArgumentParser(prog="railyard", description="Maintenance trains for GPU fleets.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -477,8 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--stop", action="store_true", help="stop every demo on this machine and all it started "
                    "(`make stop`), whatever its RAILYARD_DEMO_HOME")
     d.set_defaults(func=cmd_demo)
+    return p
 
-    args = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except ConfigError as exc:  # a bad config: every problem named by field and value, exit 1

@@ -42,8 +42,8 @@ def check_of(reason: str) -> str:
         return "upgrade"
     if text.startswith("sent to repair by"):
         return "operator"
-    if "versions" in text.split(":", 1)[-1][:60] and ("not at target" in text or "break the rule" in text
-                                                      or "could not be verified" in text):
+    if any(words in text for words in ("versions not at target", "versions break the rule",
+                                       "could not be verified at target versions")):
         return "versions"
     if text.startswith("health check failed"):
         body = text.split(":", 1)[1] if ":" in text else ""
@@ -74,6 +74,10 @@ class RailyardCollector(Collector):
 
     # ---- the fleet's hosts, as a task last read them -------------------------------------------------
     def _fleet(self, rows: list[tuple[str, str, str, float]], at: float | None, wall: float) -> Iterator[Metric]:
+        """Before any task has read the fleet there is nothing to say: no host series at all, rather than zeros
+        that would read as a fleet that serves nothing."""
+        if at is None:
+            return
         by_state = GaugeMetricFamily("railyard_hosts", "Hosts by SKU and state, as a task last read the fleet",
                                      labels=["sku", "state"])
         at_version = GaugeMetricFamily("railyard_hosts_at_version", "Hosts running each version of a component",

@@ -349,9 +349,9 @@ class Stack(AirflowRest):
         env.update(self.extra_env)
         if not env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
             return env
-        args = "railyard.devstack.airflow_db.SQLITE_CONNECT_ARGS"
-        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", args)
-        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC", f"{args}_ASYNC")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "railyard.devstack.airflow_db.SQLITE_CONNECT_ARGS")
+        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC",
+                       "railyard.devstack.airflow_db.SQLITE_CONNECT_ARGS_ASYNC")
         return env
 
     # ---- the simulator --------------------------------------------------------------------------

@@ -347,11 +347,6 @@ class Stack(AirflowRest):
             env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = "0.05"
             env["AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC"] = "1"
         env.update(self.extra_env)
-        if not env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite").startswith("sqlite"):
-            return env
-        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", "railyard.devstack.airflow_db.SQLITE_CONNECT_ARGS")
-        env.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC",
-                       "railyard.devstack.airflow_db.SQLITE_CONNECT_ARGS_ASYNC")
         return env
 
     # ---- the simulator --------------------------------------------------------------------------

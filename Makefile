@@ -24,10 +24,9 @@ deps:  ## the Debian packages the tests need: installed if missing (as root), el
 demo: pyc  ## the demo train on the embedded simulator (RAILYARD_DEMO_ONCE=1: exit when done)
 	$(BIN)/railyard demo
 
-# One process by default. `make test LANES="-n 2 --dist loadscope"` runs two pytest-xdist workers side by side, one
-# lane each (tests/conftest.py says which tests go where; timings in docs/DEVELOPMENT.md). Not the default:
-# under that load `airflow standalone`'s SQLite ended a scheduler with "database is locked" (1 run of 2; WAL did not help).
-LANES ?=
+# Two pytest-xdist workers side by side, one lane each: every test with an Airflow stack of its own in one, the rest
+# in the other (tests/conftest.py; timings in docs/DEVELOPMENT.md). `make test LANES=` runs one process.
+LANES ?= -n 2 --dist loadscope
 
 test: deps pyc lint  ## lint, then every tier, the slow end-to-end one included
 	$(BIN)/pytest -q $(LANES)

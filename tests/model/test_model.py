@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -150,6 +151,9 @@ class Runs:
         return None if run_id in self.dead else "running"
 
 
+# each example's ledger is a SQLite file: in RAM-backed /dev/shm where there is one, its commits cost no fsync
+# (80 schedules: 12.6 s instead of 18.7 s on disk, 2 cores, 24 GiB)
+RAM = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
 TRACE = os.environ.get("RAILYARD_MODEL_TRACE")  # a file: the schedule of a failing example, as `replay` takes it
 
 
@@ -187,7 +191,7 @@ def oracle(f: Any) -> Any:
 class Railyard(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = tempfile.mkdtemp(prefix="railyard-model-")
+        self.tmp = tempfile.mkdtemp(prefix="railyard-model-", dir=RAM)
         self.clock = Clock()
         self.sim = SimEngine(CFG, None, clock=self.clock)
         # the ledger's wall clock (a waiter's place in line lasts WAITER_TTL_S of it) is the model's, so that a
@@ -536,6 +540,7 @@ class Railyard(RuleBasedStateMachine):
         finally:
             self.ledger.dispose()
             self.sim.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 EXAMPLES = int(os.environ.get("RAILYARD_MODEL_EXAMPLES", "400"))

@@ -45,7 +45,13 @@ def _port_free(port: int) -> bool:
 
 
 def find_port_block(count: int, lo: int = 16000, hi: int = 18000, seed: int | None = None) -> int:
-    """First port of `count` consecutive free ports in [lo, hi)."""
+    """First port of `count` consecutive free ports in [lo, hi). Under pytest-xdist each worker searches its own
+    part of the range: two clusters starting at once in two lanes never pick the same free block."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
+        width = (hi - lo) // workers
+        lo, hi = lo + int(worker[2:]) * width, lo + (int(worker[2:]) + 1) * width
     start = lo + ((seed if seed is not None else os.getpid()) * 37) % (hi - lo - count)
     for base in list(range(start, hi - count, count + 1)) + list(range(lo, start, count + 1)):
         if all(_port_free(p) for p in range(base, base + count)):

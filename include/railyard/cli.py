@@ -182,6 +182,38 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    """The latest runs of every train and of the emergency train, with their outcome. A read."""
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.operations.runreport import describe_runs
+
+    cfg = load_config(args.config)
+    if args.limit < 1:
+        print(f"runs: --limit must be at least 1 (value: {args.limit})", file=sys.stderr)
+        return 2
+    rows = Ledger(cfg.ledger.url).reports(limit=args.limit, train=args.train)
+    print(json.dumps(rows, indent=1, default=str) if args.json else describe_runs(rows))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """One run's report: by `train/run_id`, or by run id alone when one run has it. A read."""
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.operations.runreport import describe
+
+    cfg = load_config(args.config)
+    report = Ledger(cfg.ledger.url).report(args.run)
+    if report is None:
+        print(f"report: no report of the run {args.run!r} (`railyard runs` lists those there are)", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1, default=str) if args.json else describe(report))
+    return 0
+
+
 def cmd_host(args: argparse.Namespace) -> int:
     """One host's record: its lease, the operations that touched it, its checks with evidence. A read."""
     import json
@@ -419,6 +451,19 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true")
     o.add_argument("--config", help=cfg_help)
     o.set_defaults(func=cmd_ops)
+
+    ru = sub.add_parser("runs", help="the latest runs of the trains and the emergency train, with their outcome")
+    ru.add_argument("--train", help="only this train's runs (`emergency`: the emergency train's)")
+    ru.add_argument("--limit", type=int, default=20, help="how many runs, newest first (default 20)")
+    ru.add_argument("--json", action="store_true")
+    ru.add_argument("--config", help=cfg_help)
+    ru.set_defaults(func=cmd_runs)
+
+    rp = sub.add_parser("report", help="one run's report: its stops, every host it touched, jobs, budgets")
+    rp.add_argument("run", help="TRAIN/RUN_ID as `railyard runs` shows it, or the run id alone")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--config", help=cfg_help)
+    rp.set_defaults(func=cmd_report)
 
     hh = sub.add_parser("host", help="one host's record: lease, operations, checks with evidence, versions; "
                         "`host repaired HOST --reason ...` hands a repaired host to the repair gate")

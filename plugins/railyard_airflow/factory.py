@@ -23,8 +23,6 @@ from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_parsing_context
 
 from railyard.domain.config import RailyardConfig, config_path, load_config
 from railyard.fleet import gcpause
-from railyard.fleet.port import HealthGate, Reservations
-from railyard.fleet.registry import fleet_class
 from railyard.operations.reconcile import dag_id_for
 from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
@@ -110,11 +108,10 @@ def build_train_dag(config: RailyardConfig, train_id: str, path: str | None = No
             take, check, ret = _stop_group(slot, "a domain postponed by a dodge", config, common, {"slot": slot})
             [*prev] >> take
             prev = (check, ret)
-        if config.notify or issubclass(fleet_class(config), (Reservations, HealthGate)):
-            # reservations made ahead and a gate (Slurm), the train_finished event: a teardown, it runs whatever
-            # failed, and the run's state stays that of its stops
-            end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
-            [*prev] >> end.as_teardown()
+        # the run's report, reservations made ahead and a gate (Slurm), the train_finished event: a teardown, it
+        # runs whatever failed, and the run's state stays that of its stops
+        end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), **common)
+        [*prev] >> end.as_teardown()
     _set_params(dag, {"dry_run": Param(False, type="boolean",
                                        description="show the plan in the first task; touch nothing")})
     return dag
@@ -193,10 +190,16 @@ def build_emergency_dag(path: str | None = None, config: RailyardConfig | None =
     ) as dag:
         first = EmergencyPlanOperator(task_id="plan", fleet_conn_id=config.fleet.connection, config_path=p,
                                       priority_weight=100)
+        rets = []
         for i in range(1, len(domains) + 1):
-            take, _check, _ret = _stop_group(f"stop_{i}", "a stop of the plan", config, common,
-                                             {"slot": f"stop_{i}"}, priority_weight=100)
+            take, _check, ret = _stop_group(f"stop_{i}", "a stop of the plan", config, common,
+                                            {"slot": f"stop_{i}"}, priority_weight=100)
             first >> take
+            rets.append(ret)
+        # the run's report, whatever failed: a teardown, so the run's state stays that of its stops
+        end = EndRunOperator(task_id="end_run", retries=2, retry_delay=timedelta(seconds=10), priority_weight=100,
+                             **common)
+        [first, *rets] >> end.as_teardown()
     _set_params(dag, params)
     return dag
 

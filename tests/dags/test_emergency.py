@@ -23,8 +23,13 @@ def test_a_bad_form_is_refused_before_anything_is_touched(train_env):
     dr = load_dag("railyard_emergency").test(run_conf=conf)
     st = states(dr)
     assert dr.state == "failed" and st["plan"] == "failed"
-    assert all(v in ("upstream_failed", None) for k, v in st.items() if k != "plan"), st
+    assert all(v in ("upstream_failed", None) for k, v in st.items() if k not in ("plan", "end_run")), st
     assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
+    # the refused run has its report all the same: failed at its plan, no host touched
+    report = Ledger(f"sqlite:///{tmp}/ledger.db").report(f"emergency/{dr.run_id}")
+    assert st["end_run"] == "success" and report is not None, st
+    assert report["run"]["outcome"] == "failed" and report["run"]["failed_tasks"] == ["plan"], report["run"]
+    assert report["hosts"] == {} and report["run"]["reason"] == "short"
     (row,) = [r for r in Ledger(f"sqlite:///{tmp}/ledger.db").audit_rows() if r["action"] == "emergency_invalid"]
     for needle in ("releases[1]: 'driver-570' and 'driver-575-hotfix' both target 'gpu-driver'",
                    "hosts[1]: unknown host 'gpu-zz9'",
@@ -58,10 +63,11 @@ def test_a_dry_run_plans_and_touches_nothing(train_env):
             "dry_run": True}
     dr = load_dag("railyard_emergency").test(run_conf=conf)
     st = states(dr)
-    assert dr.state == "success" and st.pop("plan") == "success"
+    assert dr.state == "success" and st.pop("plan") == "success" and st.pop("end_run") == "success"
     assert all(v == "skipped" for v in st.values()), st
     assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    assert led.reports() == []  # a dry run writes no report
     (trig,) = [r for r in led.audit_rows() if r["action"] == "emergency_trigger"]
     assert trig["actor"] == "dag_test" and "DRY RUN" in trig["reason"]  # who triggered, and why
     plan = led.operations_like("emergency/")[0]["detail"]["plan"]
@@ -101,7 +107,7 @@ def test_an_emergency_that_would_break_an_equals_rule_is_refused_before_anything
     dr = load_dag("railyard_emergency").test(run_conf=conf)
     st = states(dr)
     assert dr.state == "failed" and st["plan"] == "failed"
-    assert all(v in ("upstream_failed", None) for k, v in st.items() if k != "plan"), st
+    assert all(v in ("upstream_failed", None) for k, v in st.items() if k not in ("plan", "end_run")), st
     assert {h.name: (h.state, h.versions) for h in fleet.hosts()} == before
     led = Ledger(f"sqlite:///{tmp}/ledger.db")
     (row,) = [r for r in led.audit_rows() if r["action"] == "emergency_refused"]

@@ -59,10 +59,11 @@ def test_dry_run_shows_the_plan_and_touches_nothing(train_env):
     dr = load_dag("railyard_train_demo").test(run_conf={"dry_run": True})
     assert dr.state == "success", states(dr)
     st = states(dr)
-    assert st.pop("cycle_report") == "success"
+    assert st.pop("cycle_report") == "success" and st.pop("end_run") == "success"
     assert all(s == "skipped" for s in st.values()), st
     assert fleet.audit()["stops"] == [] and all(h.state == HostState.SERVING for h in fleet.hosts())
-    assert Ledger(f"sqlite:///{tmp}/ledger.db").holdings() == {}
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    assert led.holdings() == {} and led.reports() == []  # nor any report written
 
 
 def test_a_plan_that_breaks_a_rule_fails_the_first_task_and_touches_nothing(train_env):

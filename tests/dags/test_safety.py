@@ -110,3 +110,9 @@ def test_a_dodging_job_has_its_domain_visited_last(train_env):
     actions = [r["action"] for r in led.audit_rows() if r["action"].startswith("dodge")]
     assert actions[0] == "dodge" and actions.count("dodge") == 1 and set(actions) <= {"dodge", "dodge_refused"}
     assert set(led.last_visits("demo")) == {"pod-a", "pod-b", "pod-c"}
+    # the run's report: pod-a dodged and revisited, every host upgraded
+    report = led.report(f"demo/{dr.run_id}")
+    assert report is not None and report["summary"]["revisits"] == 1 and report["summary"]["dodges"] == 1
+    [a] = [s for s in report["stops"] if s["domain"] == "pod-a"]
+    assert a["dodged"] and a["revisit"] and a["state"] == "done", a
+    assert {h["outcome"] for h in report["hosts"].values()} == {"upgraded"} and len(report["hosts"]) == 12

@@ -24,10 +24,20 @@ def test_train_under_dag_test(train_env):
     assert led.holdings() == {}
     assert {r["action"] for r in led.audit_rows()} >= {"lease", "drain", "upgrade", "verified", "return", "release"}
     assert set(led.last_visits("demo")) == {"pod-a", "pod-b", "pod-c"}
+    # its last task wrote the run's report: every host upgraded, before and after
+    report = led.report(f"demo/{dr.run_id}")
+    assert report is not None and report["run"]["outcome"] == "success", report and report["run"]
+    assert report["run"]["dag_id"] == "railyard_train_demo" and report["run"]["failed_tasks"] == []
+    assert set(report["hosts"]) == {h.name for h in hosts}
+    assert all(h["outcome"] == "upgraded" and h["after"] == targets and h["before"] != targets
+               for h in report["hosts"].values()), report["hosts"]
     # a second run finds every host at target and skips every stop without draining anything
     dr2 = dag.test()
     assert dr2.state == "success"
     st = states(dr2)
     assert st.pop("cycle_report") == "success"
+    assert st.pop("end_run") == "success"  # the report of a run that had nothing to do
     assert all(s == "skipped" for s in st.values()), st
+    nothing = led.report(f"demo/{dr2.run_id}")
+    assert nothing is not None and nothing["summary"]["hosts"] == 0 and nothing["run"]["outcome"] == "success"
     assert len(fleet.audit()["stops"]) == 3

@@ -87,6 +87,12 @@ def test_a_run_marked_failed_mid_upgrade_ends_with_its_hosts_back(stack):
     led = ledger(stack)
     assert [a["action"] for a in led.audit_rows(op)].count("release") == 1
     assert led.operation(op)["state"] == "done"
+    # the run cut short has its report: pod-a's hosts finished by the teardown, nothing else touched
+    report = led.report(f"failed/{run}")
+    assert report is not None and report["run"]["outcome"] == "failed", report and report["run"]
+    assert "pod-a.upgrade" in report["run"]["failed_tasks"], report["run"]
+    assert set(report["hosts"]) == set(hosts), report["hosts"]
+    assert all(h["outcome"] == "upgraded" and h["after"] == targets for h in report["hosts"].values()), report
 
 
 def test_a_run_deleted_mid_stop_is_finished_by_the_reconciler(stack):
@@ -123,6 +129,11 @@ def test_a_run_deleted_mid_stop_is_finished_by_the_reconciler(stack):
         assert f"its run {dag}/{run} is deleted" in rec["reason"]
     assert [a["action"] for a in led.audit_rows(op)].count("release") == 1
     assert led.operation(op)["state"] == "done"
+    # the deleted run has a report (its last task's, or the reconciler's), and no host in it is still out
+    report = led.report(f"deleted/{run}")
+    assert report is not None and report["summary"]["still_out"] == 0, report and report["summary"]
+    assert set(report["hosts"]) == set(hosts)
+    assert {h["outcome"] for h in report["hosts"].values()} <= {"upgraded", "unchanged"}, report["hosts"]
 
 
 def test_a_capacity_wait_cleared_as_capacity_frees_leaves_no_lease(stack):

@@ -6,6 +6,7 @@ land in the test's tmp dir (and the one after the train in docs/img/railyard-pag
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -34,7 +35,8 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
     data = small_config(domains=3, hosts_per_domain=2, speed=120, check_fail_rate=0.0, upgrade_fail_rate=0.0,
                         host_failure_per_hour=0.0, trains=[
-                            {"id": "demo", "releases": ["driver-570", "firmware-96"]},
+                            # pod-b (one host, failing) comes first: 1 of 1 failed must not halt the train
+                            {"id": "demo", "releases": ["driver-570", "firmware-96"], "max_failure_fraction": 1.0},
                             {"id": "kernel", "releases": ["kernel-6-1-28"], "domains": ["pod-a", "pod-c"]},
                         ])
     data["domains"][1]["hosts"] = FAILS  # pod-b: one host, so exactly it fails its check
@@ -177,6 +179,12 @@ def test_the_page_follows_a_train(stack, browser, prom) -> None:
     time.sleep(2)
     shot(browser, stack, "0-in-airflow-nav")
     open_page(browser, stack)
+    # the one job (on gpu-a02 and gpu-b01) asks that pod-a not be taken for 2,400 fleet seconds (20 s here):
+    # pod-a is postponed and visited last, in the revisit slot; pod-b, first, has its only host fail its check
+    [job] = fleet.jobs()
+    assert set(job.hosts) == {"gpu-a02", FAILS}, job
+    fleet.set_job(job.id, dodge_until=fleet.now() + 2400)
+    fleet.settings(check_fail_rate=1.0)
     run = stack.trigger("railyard_train_demo")
     led = ledger(stack)
     out = until("a domain leased", lambda: maintenance_out(led), timeout=180)
@@ -210,9 +218,7 @@ def test_the_page_follows_a_train(stack, browser, prom) -> None:
 
     until("Prometheus's leased hosts are the ledger's", leased_as_the_ledger_holds_it, timeout=30)
     shot(browser, stack, "1-during-the-train")
-    # pod-b's only host fails its deep check: set the rate while it is out, clear it once it is in repair
-    until("pod-b leased", lambda: "pod-b" in led.domains_out(), timeout=300)
-    fleet.settings(check_fail_rate=1.0)
+    # pod-b's only host fails its deep check; the rate is cleared once it is in repair
     until(f"{FAILS} in repair", lambda: fleet.hosts([FAILS])[0].state == HostState.REPAIR, timeout=300)
     fleet.settings(check_fail_rate=0.0)
     assert stack.wait_run("railyard_train_demo", run, timeout=600) in ("success", "failed")
@@ -247,6 +253,7 @@ def test_the_page_follows_a_train(stack, browser, prom) -> None:
     path = shot(browser, stack, "2-after-the-train")
     (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ROOT / "docs" / "img" / "railyard-page.png")
+    check_the_run_report(stack, browser, run, fleet)
     # the emergency button shows the selection as the form's conf and opens railyard_emergency's page
     # (Airflow 3.3.2 has no URL that opens its trigger form pre-filled: /dags/<id>/trigger/single is a 404)
     click(browser, '.dom[data-domain="pod-c"] .name')
@@ -258,6 +265,40 @@ def test_the_page_follows_a_train(stack, browser, prom) -> None:
           timeout=30)
     assert "Page Not Found" not in browser.find_element(By.TAG_NAME, "body").text
     shot(browser, stack, "3-emergency-dag")
+
+
+def check_the_run_report(stack: Stack, browser, run: str, fleet) -> None:  # noqa: ANN001
+    """The train's report, as the page's API, Airflow's REST API (the last task's XCom) and `railyard report`
+    give it: every host the run touched with its outcome, pod-a's dodge and revisit, gpu-b01's evidence."""
+    reason = fleet.hosts([FAILS])[0].reason
+    key = f"demo/{run}"
+    h = {"Authorization": f"Bearer {stack.token()}"}
+    listed = requests.get(f"{stack.api}/railyard/api/runs", headers=h, timeout=30).json()
+    assert [r for r in listed if r["run"] == key and r["grid"] == f"/dags/railyard_train_demo/runs/{run}"], listed
+    page = requests.get(f"{stack.api}/railyard/api/runs/{key}", headers=h, timeout=30).json()
+    xcom = stack.rest("GET", f"/dags/railyard_train_demo/dagRuns/{run}/taskInstances/end_run/xcomEntries/return_value")
+    cli = subprocess.run([str(ROOT / ".venv" / "bin" / "railyard"), "report", key, "--json"], env=stack.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    value = json.loads(xcom["value"]) if isinstance(xcom["value"], str) else xcom["value"]
+    for seen in (page, value["report"] if isinstance(value, dict) else None, json.loads(cli.stdout)):
+        assert seen is not None, xcom
+        assert set(seen["hosts"]) == {"gpu-a01", "gpu-a02", FAILS, "gpu-c01", "gpu-c02"}, seen["hosts"]
+        for name, host in seen["hosts"].items():
+            want = "to repair" if name == FAILS else "upgraded"
+            assert host["outcome"] == want, (name, host)
+        assert reason and reason in seen["hosts"][FAILS]["evidence"], (reason, seen["hosts"][FAILS])
+        [a] = [st for st in seen["stops"] if st["domain"] == "pod-a"]
+        assert a["dodged"] and a["revisit"] and a["state"] == "done", a
+        assert seen["summary"]["revisits"] == 1 and seen["summary"]["to_repair"] == 1
+        assert seen["jobs"]["asked_to_checkpoint"] == ["job-01"]
+        assert seen["run"]["triggered_by"] == "admin" and seen["run"]["outcome"] in ("success", "failed")
+    # the page's Runs panel: the run, and its report on click
+    click(browser, f'#runs a[data-run="{key}"]')
+    until("the run's report on the page", lambda: page_js(
+        browser, f"""const r = document.querySelector('#report-hosts tr[data-host="{FAILS}"]');
+                     return r ? r.dataset.outcome : null""") == "to repair", timeout=30)
+    shot(browser, stack, "2b-run-report")
 
 
 def test_a_viewer_reads_the_page_but_may_not_act(stack, browser) -> None:

@@ -69,7 +69,8 @@ def test_one_domain_at_a_time_and_release(ledger):
     assert led.operation("op1")["state"] == "done"
     assert take(led, "op2", "d1").granted
     actions = [r["action"] for r in led.audit_rows()]
-    assert actions == ["lease", "release", "lease"]
+    assert actions == ["lease", "wait", "release", "lease"]  # op2's wait, once, with its reason
+    assert [r["reason"] for r in led.audit_rows(action="wait")] == [d.reason]
 
 
 def test_one_operation_per_host(ledger):

@@ -56,7 +56,7 @@ def test_the_reconciler_reads_the_task_sdks_run_state_enum_by_name(tmp_path):
     wait_checkpoints(s, clock)
     s.drain()
     runs = Runs({"run1": DagRunState.FAILED})  # type: ignore[dict-item]
-    (r,) = reconcile(cfg, fleet, ledger, runs, sleep=clock.advance, clock=clock, say=lambda _m: None)
+    r, _reported = reconcile(cfg, fleet, ledger, runs, sleep=clock.advance, clock=clock, say=lambda _m: None)
     assert r["action"] == "closed" and "is failed" in r["why"], r
     assert not ledger.holdings(s.op_id)
     runs2 = Runs({"run2": DagRunState.RUNNING})  # type: ignore[dict-item]

@@ -2,9 +2,9 @@
 
 `Ledger` (`core`) is one object over its parts: `leasing` (taking a domain, releasing, handing over, the
 waiters), `records` (operations and their details, switches, visits, release phases, verifications),
-`history` (the audit). `schema` holds the tables and their statements, `url` which database is opened and
-how, `pg` the PostgreSQL functions the lease path runs as, `state` Railyard's own records about the fleet
-(SSH host states, Slurm node records) in the same database.
+`reports` (the run reports and what they are made of), `history` (the audit). `schema` holds the tables and
+their statements, `url` which database is opened and how, `pg` the PostgreSQL functions the lease path runs
+as, `state` Railyard's own records about the fleet (SSH host states, Slurm node records) in the same database.
 """
 
 from __future__ import annotations

@@ -23,11 +23,12 @@ from railyard.ledger import pg as ledger_pg
 from railyard.ledger.history import AuditLog
 from railyard.ledger.leasing import Leases
 from railyard.ledger.records import Records
+from railyard.ledger.reports import Reports
 from railyard.ledger.schema import _create_missing_indexes, create_tables, ledger_lock, metadata
 from railyard.ledger.url import _make_engine, resolve_url
 
 
-class Ledger(Leases, Records, AuditLog):
+class Ledger(Leases, Records, Reports, AuditLog):
     def __init__(self, url: str | None = None, *, pg_functions: bool = True,
                  clock: Callable[[], float] = time.time):
         """`pg_functions`: on PostgreSQL with psycopg2, lease operations run as server-side functions

@@ -301,6 +301,8 @@ class Leases(LedgerBase):
         if waiting is None:
             waiting = c.execute(select(waiters.c.op_id).where(waiters.c.op_id == op_id)).first() is not None
         _run(c, ["waiter_seen" if waiting else "waiter_insert"], {"w_op": op_id, "w_prio": priority, "w_now": now})
+        if not waiting and reason:  # when the wait began, and why: the run report's wait for capacity
+            _audit(c, now, "railyard", op_id, "wait", [], reason)
         return Decision("wait", reason)
 
     def waiting(self) -> list[dict[str, Any]]:

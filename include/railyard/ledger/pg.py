@@ -241,6 +241,10 @@ BEGIN
     UPDATE waiters SET seen_at = p_now WHERE op_id = p_op;
   ELSE
     INSERT INTO waiters (op_id, priority, since, seen_at) VALUES (p_op, p_prio, p_now, p_now);
+    IF outcome <> 'free' THEN  -- when the wait began, and why: the run report's wait for capacity
+      INSERT INTO audit (at, actor, op_id, action, hosts, reason)
+      VALUES (p_now, 'railyard', p_op, 'wait', '[]', reason);
+    END IF;
   END IF;
 END $f$;
 

@@ -85,6 +85,34 @@ verifications = Table(
 )
 
 
+# Each host's versions as its stop found them before the upgrade (the check's `verifications` are the after):
+# the run report's before and after.
+versions_before = Table(
+    "versions_before",
+    metadata,
+    Column("op_id", String(255), primary_key=True),
+    Column("host", String(128), primary_key=True),
+    Column("versions", Text, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+
+# The report of every run of a train or of the emergency train (railyard.operations.runreport), written by its
+# last task, or by the reconciler for a run that ended without one.
+run_reports = Table(
+    "run_reports",
+    metadata,
+    Column("run", String(255), primary_key=True),  # train/run_id, emergency/run_id
+    Column("train", String(128), nullable=False),
+    Column("run_id", String(255), nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("at", Float, nullable=False),  # wall clock of the write
+    Column("summary", Text, nullable=False),  # what a list of runs shows, without reading each whole report
+    Column("body", Text, nullable=False),
+    Index("ix_run_reports_at", "at"),
+)
+
+
 audit = Table(
     "audit",
     metadata,

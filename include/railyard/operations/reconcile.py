@@ -90,6 +90,7 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
     """Finish every active operation whose run is finished or deleted; one result per operation judged."""
     results: list[dict[str, Any]] = []
     known: dict[str, bool] = {}
+    ended: dict[tuple[str, str], tuple[str, str]] = {}  # (train, run id) -> (dag id, state) of runs judged ended
     for op in ledger.active_operations():
         if only is not None and op["id"] not in only:
             continue
@@ -107,6 +108,7 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
         if state is not None and state not in FINISHED:
             continue  # alive: its own tasks finish it
         why = f"its run {dag_id}/{run_id} is {'deleted' if state is None else state}"
+        ended[(str(op["id"]).split("/")[0], run_id)] = (dag_id, state or "deleted")
         if not op["hosts"]:
             ledger.finish_operation(op["id"], reason=f"{why}; it holds no host", actor=actor)
             results.append({"op": op["id"], "action": "finished", "why": why})
@@ -123,7 +125,26 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
             continue
         results.append({"op": op["id"], "action": "closed", "why": why, "returned": out["returned"],
                         "to_repair": out["offboarded"], "released": not ledger.holdings(op["id"])})
-    return results
+    return results + report_ended(ledger, ended)
+
+
+def report_ended(ledger: Ledger, ended: dict[tuple[str, str], tuple[str, str]]) -> list[dict[str, Any]]:
+    """A report for each run that ended without its last task writing one (deleted, or its teardowns never
+    ran), or whose report still shows hosts out (its last task ran before a teardown finished them), once
+    none of its operations is active any more: what was done before it stopped."""
+    from railyard.operations import runreport
+
+    out = []
+    for (train, run_id), (dag_id, state) in sorted(ended.items()):
+        key = runreport.run_key(train, run_id)
+        if ledger.operations_like(f"{key}/", state="active"):
+            continue
+        if ledger.report(key) is None:
+            ledger.save_report(runreport.build(ledger, train=train, run_id=run_id, dag_id=dag_id, state=state))
+            out.append({"op": key, "action": "reported", "why": f"its run ended {state} without a report"})
+        elif runreport.refresh_if_stale(ledger, key):
+            out.append({"op": key, "action": "reported", "why": f"its run ended {state}; its report showed hosts out"})
+    return out
 
 
 class AirflowApi:

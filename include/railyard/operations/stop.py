@@ -432,11 +432,21 @@ class Stop:
         elif to_drain:
             self._cost_of_skipping(to_drain)
         if to_drain:
+            self._record_loss(to_drain)
             self.fleet.drain(to_drain, self.op_id)
             self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
         self._wait_drained(held)
         self._sample_capacity()
         return {"drained": len(to_drain)}
+
+    def _record_loss(self, hosts: list[str]) -> None:
+        """The GPU-hours each running job on `hosts` loses to the drain (its work since its last checkpoint),
+        for the run's report: a job's first figure stays (a retried drain finds it requeued)."""
+        jobs = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
+        if jobs:
+            now = self.fleet.now()
+            self.ledger.add_detail_entries(self.op_id, "gpu_hours_lost", {
+                j.id: round(max(0.0, now - j.last_checkpoint) / 3600 * j.gpus, 4) for j in jobs})
 
     def _fresh_before_drain(self, hosts: list[str]) -> None:
         """Invariant 5 at the drain itself, whatever happened to the checkpoint wait (marked success by hand,
@@ -526,9 +536,10 @@ class Stop:
             "waiting for work in flight"))
         self._settle_repairs(self.fleet.hosts(held))  # a host this stop offboarded is never upgraded by it again
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
-        work = {h.name: pending_steps(self.targets_for(h.name), h)
-                for h in self._drained_again([n for n in held if n in mine])
-                if h.state == HostState.DRAINED and h.last_error is None}
+        drained = [h for h in self._drained_again([n for n in held if n in mine])
+                   if h.state == HostState.DRAINED and h.last_error is None]
+        self.ledger.record_versions_before(self.op_id, {h.name: h.versions for h in drained})  # first attempt's
+        work = {h.name: pending_steps(self.targets_for(h.name), h) for h in drained}
         started = [n for n, steps in work.items() if steps]
         if started:  # one call for the domain: the fleet fans out by its own means
             self.fleet.upgrade_hosts({n: work[n] for n in started}, self.op_id)
@@ -571,6 +582,8 @@ class Stop:
         start = [n for n in todo if n in mine and n not in checked]
         if start:
             self.fleet.start_checks({n: expect[n] for n in start}, self.op_id)
+            self.ledger.note(self.op_id, "check", start, "deep health check at " + _fmt_targets(self.targets),
+                             actor=self.actor)
 
         def probe() -> tuple[bool, str]:
             res = self.fleet.check_results(todo, self.op_id) if todo else []

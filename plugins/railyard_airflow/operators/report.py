@@ -4,6 +4,7 @@ A plan that would break a compatibility rule fails here, before any stop starts.
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from typing import Any
 
@@ -69,7 +70,8 @@ class CycleReportOperator(BaseOperator):
 class EndRunOperator(FleetOperator):
     """The run's teardown: whatever happened, reservations made ahead for domains no operation holds
     are deleted (`railyard.operations.stop.end_run`), so a halted or failed train leaves none behind; then the
-    train_finished event, with the hosts the run visited and offboarded."""
+    run's report (`railyard.operations.runreport`) goes to the ledger and is this task's XCom (Airflow shows it
+    beside the run), and the train_finished event is sent. `train_id="emergency"`: the emergency train's."""
 
     ui_color = "#eeeeee"
 
@@ -77,19 +79,61 @@ class EndRunOperator(FleetOperator):
         super().__init__(**kwargs)
         self.train_id = train_id
 
-    def execute(self, context: Any) -> list[str]:
+    def execute(self, context: Any) -> dict[str, Any]:
+        from railyard.operations import runreport
         from railyard.operations.stop import end_run
 
-        if (context.get("params") or {}).get("dry_run"):  # a dry run touched nothing, and ends nothing
-            self.log.info("dry run: no gate enforced, no reservation deleted")
-            return []
         cfg = self.cfg()
         led = ledger(cfg.ledger.url)
-        gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), led)
-        self.log.info("reservations deleted at the end of the run: %s", ", ".join(gone) or "none")
         run_id = str(context.get("run_id"))
-        leased, failed, _why = led.run_failures(f"{self.train_id}/{run_id}/")
-        send(cfg, led, Event("train_finished", f"train {self.train_id} run {run_id} ended: {leased} host(s) visited, "
-                             f"{failed} offboarded to repair", train=self.train_id, run_id=run_id,
-                             extra={"hosts": leased, "offboarded": failed}))
-        return gone
+        dry_run = bool((context.get("params") or {}).get("dry_run"))
+        if dry_run:  # a dry run touched nothing, ends nothing and writes nothing
+            self.log.info("dry run: no gate enforced, no reservation deleted, no report written")
+            return {"report": None, "dry_run": True}
+        gone: list[str] = []
+        if self.train_id != "emergency":
+            gone = end_run(cfg, cfg.train(self.train_id), self.hook.get_conn(), led)
+            self.log.info("reservations deleted at the end of the run: %s", ", ".join(gone) or "none")
+        report = runreport.build(led, train=self.train_id, run_id=run_id, **_airflow_facts(context))
+        led.save_report(report)
+        # a stop's teardown that finished its hosts between the build and the save: built again now
+        if runreport.refresh_if_stale(led, report["run"]["key"]):
+            report = led.report(report["run"]["key"]) or report
+        self.log.info("run report (also `railyard report %s`):\n%s", report["run"]["key"], runreport.describe(report))
+        if self.train_id != "emergency":
+            leased, failed, _why = led.run_failures(f"{self.train_id}/{run_id}/")
+            send(cfg, led, Event("train_finished", f"train {self.train_id} run {run_id} ended "
+                                 f"{report['run']['outcome']}: {leased} host(s) visited, {failed} offboarded to "
+                                 "repair", train=self.train_id, run_id=run_id,
+                                 extra={"hosts": leased, "offboarded": failed}))
+        return {"report": runreport.for_xcom(report), "reservations_deleted": gone}
+
+
+def _airflow_facts(context: Any) -> dict[str, Any]:
+    """What Airflow knows of the run this task belongs to: who or what triggered it, its conf's reason, when it
+    started, and which of its tasks failed (asked through the Task SDK; none when it cannot say)."""
+    dr = context.get("dag_run")
+    ti = context.get("ti")
+    conf = getattr(dr, "conf", None) or {}
+    run_type = getattr(getattr(dr, "run_type", None), "value", getattr(dr, "run_type", None))
+    start = getattr(dr, "start_date", None)
+    facts: dict[str, Any] = {
+        "dag_id": getattr(dr, "dag_id", None) or getattr(ti, "dag_id", None),
+        "triggered_by": getattr(dr, "triggering_user_name", None) or (None if run_type is None else str(run_type)),
+        "run_type": None if run_type is None else str(run_type),
+        "reason": conf.get("reason") if isinstance(conf, dict) else None,
+        "started_at": start.timestamp() if start is not None else None,
+    }
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        states = RuntimeTaskInstance.get_task_states(dag_id=facts["dag_id"], run_ids=[str(context.get("run_id"))])
+        mine: dict[str, Any] = next(iter(states.values()), {}) if states else {}
+        own = getattr(ti, "task_id", None)
+        facts["failed_tasks"] = sorted(t for t, st in mine.items() if t != own
+                                       and str(getattr(st, "value", st)) == "failed")
+        facts["state"] = "failed" if facts["failed_tasks"] else "success"
+    except Exception as exc:  # noqa: BLE001 - the report is written all the same, from the ledger alone
+        logging.getLogger(__name__).warning("the run's task states could not be read (%s): the report is the "
+                                            "ledger's alone", type(exc).__name__)
+    return facts

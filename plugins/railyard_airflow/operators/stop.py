@@ -76,4 +76,13 @@ class ReturnDomainOperator(DomainStopOperator):
     ui_color = "#d7f0dc"
 
     def run(self, stop: Stop) -> Any:
-        return stop.return_hosts()
+        out = stop.return_hosts()
+        from railyard.operations.runreport import refresh_if_stale
+        from railyard.operations.stop import run_prefix
+
+        try:  # the run's report, if its last task wrote it while this teardown was still finishing the hosts
+            if refresh_if_stale(stop.ledger, run_prefix(stop.op_id).rstrip("/")):
+                self.log.info("the run's report written again: its hosts are back")
+        except Exception as exc:  # noqa: BLE001 - a report never fails the return
+            self.log.warning("the run's report could not be refreshed: %s", type(exc).__name__)
+        return out

@@ -191,6 +191,25 @@ class LeaseBody(Reason):
     to_repair: bool = False
 
 
+def _run_routes(app: FastAPI) -> None:
+    """The runs' reports: the latest runs, and one run's report."""
+
+    @app.get("/api/runs")
+    def runs(request: Request, user: User) -> JSONResponse:
+        """The latest runs of every train and of the emergency train, with their outcome (their reports)."""
+        return as_json(views.runs(request.app.state.sources.ledger))
+
+    @app.get("/api/runs/{key:path}")
+    def run_report(request: Request, key: str, user: User) -> JSONResponse:
+        """One run's report, by `train/run_id`; a run without one is a 404."""
+        from railyard.operations.emergency import shown
+
+        report = request.app.state.sources.ledger.report(key)
+        if report is None:
+            raise HTTPException(404, f"run: no report of the run {shown(key)}")
+        return as_json(report)
+
+
 def create_app(sources: Sources | None = None) -> FastAPI:
     app = FastAPI(title="Railyard", description="The fleet at a glance, and Railyard's controls",
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -291,6 +310,8 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     @app.get("/api/operations")
     def operations(request: Request, user: User) -> dict[str, Any]:
         return views.operations(src(request).ledger)
+
+    _run_routes(app)
 
     @app.get("/api/domains/{domain}/hosts")
     def domain_hosts(request: Request, domain: str, user: User) -> JSONResponse:

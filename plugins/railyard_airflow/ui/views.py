@@ -199,6 +199,18 @@ def operations(ledger: Ledger) -> dict[str, Any]:
             "freeze": {"on": sw is not None, **{k: (sw or {}).get(k) for k in ("reason", "actor", "at")}}}
 
 
+RUNS_SHOWN = 30  # the latest run reports listed in the page's Runs panel
+
+
+def runs(ledger: Ledger, limit: int = RUNS_SHOWN) -> list[dict[str, Any]]:
+    """The latest runs with a report, newest first, each with the path of its run in Airflow's UI."""
+    out = []
+    for r in ledger.reports(limit=limit):
+        dag = r.get("dag_id") or ("railyard_emergency" if r["train"] == "emergency" else dag_id_for(r["train"]))
+        out.append(r | {"grid": f"/dags/{dag}/runs/{quote(r['run_id'], safe='')}"})
+    return out
+
+
 def host_history(ledger: Ledger, host: str) -> dict[str, Any]:
     return ledger.host_history(host)
 

@@ -1,0 +1,89 @@
+"""What a run's report is made of and where it is kept: the versions each host had before its stop upgraded
+it, and the reports themselves (one per run of a train or of the emergency train)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select
+
+from railyard.ledger.base import LedgerBase
+from railyard.ledger.schema import audit, capacity_samples, run_reports, versions_before
+
+
+class Reports(LedgerBase):
+    def record_versions_before(self, op_id: str, versions: Mapping[str, Mapping[str, str]]) -> None:
+        """Each host's versions before `op_id` upgraded it, once: a retried upgrade finds the hosts half done
+        and must not record that as their before, so a host already recorded keeps its first row."""
+        if not versions:
+            return
+        with self.engine.begin() as c:
+            have = set(c.execute(select(versions_before.c.host).where(
+                versions_before.c.op_id == op_id, versions_before.c.host.in_(list(versions)))).scalars())
+            rows = [{"op_id": op_id, "host": h, "versions": json.dumps(dict(v), sort_keys=True), "at": self.clock()}
+                    for h, v in versions.items() if h not in have]
+            if rows:
+                c.execute(insert(versions_before), rows)
+
+    def versions_before(self, op_id: str) -> dict[str, dict[str, str]]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(versions_before.c.host, versions_before.c.versions)
+                             .where(versions_before.c.op_id == op_id)).tuples().all()
+        return {h: json.loads(v) for h, v in rows}
+
+    def audit_of_run(self, prefix: str) -> list[dict[str, Any]]:
+        """Every audit row of the operations whose id starts with `prefix` (a run's stops), oldest first."""
+        q = select(audit).where(audit.c.op_id.startswith(prefix, autoescape=True)).order_by(audit.c.id)
+        with self.engine.connect() as c:
+            rows = [dict(r._mapping) for r in c.execute(q)]
+        for r in rows:
+            r["hosts"] = json.loads(r["hosts"])
+        return rows
+
+    def capacity_low(self, op_id: str) -> float | None:
+        """The lowest serving fraction of the fleet that `op_id`'s samples saw (after its drain, its return)."""
+        cs = capacity_samples.c
+        with self.engine.connect() as c:
+            low = c.execute(select(func.min(cs.serving * 1.0 / cs.total))
+                            .where(cs.op_id == op_id, cs.total > 0)).scalar()
+        return None if low is None else round(float(low), 6)
+
+    def save_report(self, report: dict[str, Any]) -> None:
+        """Store a run's report (`railyard.operations.runreport.build`), replacing an earlier one of the run."""
+        run = report["run"]
+        summary = {"summary": report["summary"], "dag_id": run.get("dag_id"), "triggered_by": run.get("triggered_by")}
+        row = {"run": run["key"], "train": run["train"], "run_id": run["run_id"], "outcome": run["outcome"],
+               "at": self.clock(), "summary": json.dumps(summary), "body": json.dumps(report, sort_keys=True)}
+        with self.engine.begin() as c:
+            c.execute(delete(run_reports).where(run_reports.c.run == row["run"]))
+            c.execute(insert(run_reports).values(**row))
+
+    def report(self, key: str) -> dict[str, Any] | None:
+        """The report of run `key` (`train/run_id`), or of the one run whose run id is `key`; None if none."""
+        with self.engine.connect() as c:
+            body = c.execute(select(run_reports.c.body).where(run_reports.c.run == key)).scalar()
+            if body is None:
+                q = select(run_reports.c.body).where(run_reports.c.run_id == key).limit(2)
+                found = c.execute(q).scalars().all()
+                body = found[0] if len(found) == 1 else None
+        return None if body is None else dict(json.loads(body))
+
+    def reports(self, limit: int = 50, train: str | None = None) -> list[dict[str, Any]]:
+        """The latest reports, newest first: each its summary (run, train, run id, outcome, when written)."""
+        r = run_reports.c
+        q = select(r.run, r.train, r.run_id, r.outcome, r.at, r.summary).order_by(r.at.desc()).limit(limit)
+        if train is not None:
+            q = q.where(r.train == train)
+        with self.engine.connect() as c:
+            rows = c.execute(q).all()
+        return [{"run": run, "train": tr, "run_id": run_id, "outcome": outcome, "at": at, **json.loads(summary)}
+                for run, tr, run_id, outcome, at, summary in rows]
+
+    def reported(self, keys: list[str]) -> set[str]:
+        """Which of the runs `keys` have a report."""
+        if not keys:
+            return set()
+        with self.engine.connect() as c:
+            return set(c.execute(select(run_reports.c.run).where(run_reports.c.run.in_(keys))).scalars())

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from railyard.domain.config import ConfigError, RailyardConfig, config_path, load_config
 from railyard.fleet.port import Fleet, FleetError
+
+if TYPE_CHECKING:
+    from railyard.ledger import Ledger
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -212,6 +216,62 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(report, indent=1, default=str) if args.json else describe(report))
     return 0
+
+
+def cmd_op(args: argparse.Namespace) -> int:
+    """Outside work through the ledger: request hosts (and wait for them), see a request, return the hosts."""
+    import getpass
+    import json
+
+    from railyard.ledger import Ledger
+    from railyard.operations import outside
+    from railyard.operations.stop import StopError
+
+    cfg = load_config(args.config)
+    actor = args.actor or getpass.getuser()
+    try:
+        if args.op_cmd == "request":
+            hosts = [h for part in (args.hosts or []) for h in part.split(",") if h]
+            req = outside.parse_request(cfg, hosts=hosts, kind=args.kind or "", reason=args.reason or "",
+                                        deadline_h=args.deadline_h)  # refused here, before anything is touched
+            led = Ledger(cfg.ledger.url)
+            op_id = outside.open_request(cfg, led, req, actor=actor)
+            print(op_id, flush=True)
+            return _op_progress(args, cfg, led, op_id)
+        led = Ledger(cfg.ledger.url)
+        if args.op_cmd == "wait":
+            outside.status(led, args.op)  # an unknown operation is refused before anything is touched
+            return _op_progress(args, cfg, led, args.op)
+        if args.op_cmd == "status":
+            st = outside.status(led, args.op)
+            print(json.dumps(st, indent=1, default=str) if args.json else outside.describe_status(st))
+            return 0
+        stop = outside.stop_of(cfg, _fleet(args, cfg), led, args.op)
+        out = outside.give_back(stop, to_repair=list(args.to_repair or []), reason=args.reason or "")
+        print(f"{args.op}: {out['returned']} host(s) back in service after their check, to repair: "
+              f"{', '.join(out['to_repair']) or 'none'}")
+        return 0
+    except outside.OutsideError as exc:
+        print(f"op {args.op_cmd}: " + "; ".join(exc.problems), file=sys.stderr)
+        return 2
+    except StopError as exc:
+        print(f"op {args.op_cmd}: {exc}", file=sys.stderr)
+        return 3
+
+
+def _op_progress(args: argparse.Namespace, cfg: RailyardConfig, led: Ledger, op_id: str) -> int:
+    """One attempt to hand the hosts over, or (--wait) attempts until they are: 0 once handed, 5 while queued."""
+    from railyard.operations import outside
+
+    stop = outside.stop_of(cfg, _fleet(args, cfg), led, op_id)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    out = (outside.wait_handed(stop, say=say, poll_s=args.poll_s) if getattr(args, "wait", False)
+           else outside.advance(stop))
+    if out["phase"] == "handed":
+        print(f"{op_id}: handed over: {', '.join(out['hosts'])} (drained; `railyard op return {op_id}` when done)")
+        return 0
+    print(f"{op_id}: queued: {out['why']} (`railyard op wait {op_id}` waits for it)")
+    return 5
 
 
 def cmd_host(args: argparse.Namespace) -> int:
@@ -464,6 +524,31 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--config", help=cfg_help)
     rp.set_defaults(func=cmd_report)
+
+    op = sub.add_parser("op", help="outside work through the ledger: request hosts, wait, status, return them")
+    opsub = op.add_subparsers(dest="op_cmd", required=True)
+    oq = opsub.add_parser("request", help="request hosts of one domain for outside work; prints the op id")
+    oq.add_argument("--hosts", action="append", help="host names, comma-separated (repeatable)")
+    oq.add_argument("--kind", help="what the work is: a token such as hw-repair or network")
+    oq.add_argument("--reason", help="why (10 to 1,000 characters)")
+    oq.add_argument("--deadline-h", type=float, help="hours after which a request still holding hosts escalates")
+    oq.add_argument("--wait", action="store_true", help="wait until the hosts are handed over, saying why not yet")
+    ow = opsub.add_parser("wait", help="wait until a queued request's hosts are handed over")
+    ow.add_argument("op")
+    ow.add_argument("--wait", action="store_true", default=True, help=argparse.SUPPRESS)
+    os_ = opsub.add_parser("status", help="a request: its phase, hosts held, why it waits (a read)")
+    os_.add_argument("op")
+    os_.add_argument("--json", action="store_true")
+    orr = opsub.add_parser("return", help="the work is done: check the hosts, return those that pass")
+    orr.add_argument("op")
+    orr.add_argument("--to-repair", nargs="+", metavar="HOST", help="hosts the requester sends to repair")
+    orr.add_argument("--reason", help="why (10 to 1,000 characters)")
+    for x in (oq, ow, os_, orr):
+        x.add_argument("--config", help=cfg_help)
+        x.add_argument("--fleet-url", help=url_help)
+        x.add_argument("--actor", help="who asks (default: the login name)")
+        x.add_argument("--poll-s", type=float, default=5.0, help=argparse.SUPPRESS)
+    op.set_defaults(func=cmd_op)
 
     hh = sub.add_parser("host", help="one host's record: lease, operations, checks with evidence, versions; "
                         "`host repaired HOST --reason ...` hands a repaired host to the repair gate")

@@ -306,6 +306,16 @@ class Records(LedgerBase):
 
         return self._change_detail(op_id, once)[key]
 
+    def set_detail(self, op_id: str, key: str, value: object) -> None:
+        """Store `key` on the operation, replacing what was there (a phase that moves on)."""
+        def put(detail: dict[str, Any]) -> bool:
+            if key in detail and detail[key] == value:
+                return False
+            detail[key] = value
+            return True
+
+        self._change_detail(op_id, put)
+
     def add_detail_entries(self, op_id: str, key: str, entries: Mapping[str, object]) -> dict[str, object]:
         """Add to the mapping `key` of the operation the entries it does not have yet (an entry once stored is
         never changed); returns the mapping as stored."""

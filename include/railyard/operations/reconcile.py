@@ -125,7 +125,27 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
             continue
         results.append({"op": op["id"], "action": "closed", "why": why, "returned": out["returned"],
                         "to_repair": out["offboarded"], "released": not ledger.holdings(op["id"])})
-    return results + report_ended(ledger, ended)
+    return results + escalate_overdue(config, ledger, only) + report_ended(ledger, ended)
+
+
+def escalate_overdue(config: RailyardConfig, ledger: Ledger, only: Collection[str] | None = None
+                     ) -> list[dict[str, Any]]:
+    """Outside operations past their deadline (a requester that vanished): escalated once each, never
+    released: their hosts come back only through `railyard op return` or `railyard lease release`."""
+    from railyard.operations import outside
+    from railyard.operations.escalate import escalate
+
+    out = []
+    for op in outside.overdue(ledger, time.time()):
+        if only is not None and op["id"] not in only:
+            continue
+        who = op["detail"].get("actor") or "unknown"
+        summary = (f"{op['id']}: past its deadline; {len(op['hosts'])} host(s) still held for {who} "
+                   f"({op['detail']['request']['kind']}: {op['detail']['request']['reason']})")
+        escalate(config, ledger, kind="outside_overdue", summary=summary, op_id=op["id"], requester=who)
+        ledger.set_detail(op["id"], "escalated", time.time())
+        out.append({"op": op["id"], "action": "escalated", "why": "past its deadline"})
+    return out
 
 
 def report_ended(ledger: Ledger, ended: dict[tuple[str, str], tuple[str, str]]) -> list[dict[str, Any]]:

@@ -136,7 +136,13 @@ class Stop:
 
     def targets_for(self, host: str) -> dict[str, str]:
         """What this stop brings `host` to: the train's releases that the host's rollout phase admits,
-        in apply order (railyard.operations.releases); exactly `targets` when no rollout or rule is configured."""
+        in apply order (railyard.operations.releases); exactly `targets` when no rollout or rule is configured.
+        Outside work (railyard.operations.outside) installs nothing: a host's targets are the versions it had
+        when it was handed over, which its check must find again."""
+        if self.kind == "outside":
+            if self._host_targets is None or host not in self._host_targets:
+                self._host_targets = self.ledger.versions_before(self.op_id)
+            return dict(self._host_targets.get(host, {}))
         if self.kind != "train_stop":
             return self.targets
         if self._host_targets is None:  # computed once per Stop; frozen in the ledger once the domain is held
@@ -213,6 +219,8 @@ class Stop:
             return Decision("wait", f"freeze switched on by {switch['actor']}: {switch['reason']}")
         if windows.frozen(self.config.freeze, now):
             return Decision("wait", f"freeze date {windows.iso(now)[:10]} in force")
+        if self.kind == "outside":
+            return self._take_outside(probe)
         fleet_hosts = self.fleet.hosts()
         mine = [h for h in fleet_hosts if h.domain == self.domain.name]
         workable = [h for h in mine if h.state not in BROKEN_STATES]
@@ -246,6 +254,16 @@ class Stop:
             self._host_targets = None
             self.targets_for(self.domain.hosts[0])  # freeze what each host gets, before it is touched
         return d
+
+    def _take_outside(self, probe: bool) -> Decision:
+        """Outside work takes only its own hosts, under the same buffers and `max_domains_down` (its domain
+        counts as out), and waits, never halts, when the failure buffer is spent: it only waits for room."""
+        d = self.ledger.acquire_domain(
+            self.op_id, train=self.train.id, domain=self.domain.name, hosts=self.hosts,
+            budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
+            unavailable=self._unavailable(self.fleet.hosts()), actor=self.actor, kind="outside", probe=probe,
+        )
+        return Decision("wait", d.reason) if d.outcome == "stop" else d
 
     def _unavailable(self, fleet_hosts: Iterable[Host]) -> list[str]:
         """Every host that does not serve, whatever put it there, but the ones this stop would take: broken

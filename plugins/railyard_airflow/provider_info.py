@@ -22,7 +22,8 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": "Railyard", "python-modules": [f"{pkg}.hooks.fleet", f"{pkg}.hooks.ssh"]}],
         "operators": [{"integration-name": "Railyard", "python-modules": [
             f"{pkg}.operators.stop", f"{pkg}.operators.emergency", f"{pkg}.operators.release",
-            f"{pkg}.operators.repair", f"{pkg}.operators.reconcile", f"{pkg}.operators.report"]}],
+            f"{pkg}.operators.repair", f"{pkg}.operators.reconcile", f"{pkg}.operators.report",
+            f"{pkg}.operators.outside"]}],
         "sensors": [{"integration-name": "Railyard", "python-modules": [f"{pkg}.sensors.stop"]}],
         "triggers": [{"integration-name": "Railyard", "python-modules": [f"{pkg}.triggers.stop"]}],
         "notifications": [f"{pkg}.notifiers.escalation.EscalationNotifier"],

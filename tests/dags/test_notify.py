@@ -66,7 +66,7 @@ def test_each_event_of_a_train_with_an_offboarded_host_is_one_message(train_env,
     texts = [b["text"] for b in slack_got]
     kinds = {"started": [t for t in texts if " started " in t],
              "offboarded": [t for t in texts if "offboarded to repair:" in t],
-             "done": [t for t in texts if "stop of" in t], "ended": [t for t in texts if " ended: " in t]}
+             "done": [t for t in texts if "stop of" in t], "ended": [t for t in texts if " ended " in t]}
     assert len(texts) == 1 + 1 + 3 + 1, texts  # started, one offboard, three stops, finished: each once
     assert [len(v) for v in kinds.values()] == [1, 1, 3, 1], kinds
     assert kinds["started"][0].startswith("train demo started")
@@ -74,6 +74,7 @@ def test_each_event_of_a_train_with_an_offboarded_host_is_one_message(train_env,
     assert sorted(t.split("stop of ")[1].split(" ")[0] for t in kinds["done"]) == ["pod-a", "pod-b", "pod-c"]
     assert "1 in repair" in next(t for t in kinds["done"] if "pod-b" in t)
     assert kinds["ended"][0].startswith("train demo run ") and "1 offboarded to repair" in kinds["ended"][0]
+    assert " ended success: " in kinds["ended"][0]  # with the outcome of the run's report
     assert all(SLACK_TOKEN not in t for t in texts)
 
     # the http route: Railyard's JSON, only the events it asked for

@@ -60,10 +60,11 @@ def test_scale_config_imports(scale_bag):
 def test_every_train_has_every_stop(scale_bag):
     for dag_id in (f"railyard_train_t{i:02d}" for i in range(TRAINS)):
         dag = scale_bag.dags[dag_id]
-        # the cycle report, one stop per domain, and one revisit slot (max_dodges defaults to 1)
-        assert len(dag.tasks) == 1 + (DOMAINS + 1) * len(STEPS), dag_id
+        # the cycle report, one stop per domain, one revisit slot (max_dodges defaults to 1), the run's end
+        assert len(dag.tasks) == 2 + (DOMAINS + 1) * len(STEPS), dag_id
         groups = Counter(tid.split(".")[0] for tid in dag.task_ids)
-        want = {f"pod-{d:02d}": len(STEPS) for d in range(DOMAINS)} | {"revisit_1": len(STEPS), "cycle_report": 1}
+        want = {f"pod-{d:02d}": len(STEPS) for d in range(DOMAINS)} | {"revisit_1": len(STEPS), "cycle_report": 1,
+                                                                        "end_run": 1}
         assert groups == want, dag_id
         assert [t.split(".")[1] for t in dag.task_ids[1 : 1 + len(STEPS)]] == STEPS
     last = scale_bag.dags["railyard_train_t19"]

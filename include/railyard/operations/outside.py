@@ -83,7 +83,12 @@ def _train(req: dict[str, Any]) -> TrainSpec:
 
 def open_request(config: RailyardConfig, ledger: Ledger, req: dict[str, Any], *, actor: str) -> str:
     """Record the request (audited with the requester); its operation id."""
-    op_id = f"outside/{req['kind']}/{uuid.uuid4().hex[:10]}/{req['domain']}"
+    return open_request_as(config, ledger, req, op_id=f"outside/{req['kind']}/{uuid.uuid4().hex[:10]}/{req['domain']}",
+                           actor=actor)
+
+
+def open_request_as(config: RailyardConfig, ledger: Ledger, req: dict[str, Any], *, op_id: str, actor: str) -> str:
+    """`open_request` under a given id (a DAG's lease task: its run's own); a request already there is kept."""
     deadline = None if req["deadline_h"] is None else time.time() + req["deadline_h"] * 3600
     ledger.open_operation(op_id, kind=KIND_OF_OP, detail={"request": req, "actor": actor, "deadline_at": deadline,
                                                           "phase": "queued"},

@@ -1,0 +1,91 @@
+"""Another team's DAG with Railyard's lease pair, under `dag.test()` against the simulator server: its own
+task runs on drained hosts whose jobs checkpointed first; the teardown returns them through the check, also
+when that task failed; a failing check sends a host to repair; a bad request fails before anything is touched."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from railyard.domain.models import HostState
+from railyard.ledger import Ledger
+from tests.dags.conftest import states
+from tests.support.configs import small_config
+
+
+def team_dag(hosts: list[str], *, fail: bool = False, reason: str = "replace the optics on this pod"):
+    from airflow.sdk import DAG, task
+
+    from railyard_airflow.operators.outside import RailyardLeaseOperator, RailyardReturnOperator
+
+    with DAG(dag_id="network_team_optics", start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
+        lease = RailyardLeaseOperator(task_id="lease", hosts=hosts, kind="network", reason=reason, poke_interval=1)
+
+        @task
+        def work() -> list[str]:
+            from railyard_airflow.hooks.fleet import FleetHook
+
+            fleet = FleetHook().get_conn()
+            seen = {h.name: h.state.value for h in fleet.hosts(hosts)}
+            assert set(seen.values()) == {"drained"}, seen  # the team works on drained hosts only
+            if fail:
+                raise RuntimeError("the optics vendor's tool crashed")
+            return sorted(seen)
+
+        back = RailyardReturnOperator(task_id="return", lease_task_id="lease")
+        lease >> work() >> back.as_teardown(setups=lease)
+    _serialize(dag)
+    return dag
+
+
+def _serialize(dag) -> None:  # noqa: ANN001
+    """`dag.test()` runs only a DAG Airflow has serialized: this one lives in no DAG file, so it is written to
+    the metadata DB as the dags folder's bundle would (the dags folder's own DAGs stay as they are)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder="/nonexistent")
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+
+
+def test_a_team_dag_works_inside_a_lease_and_its_hosts_come_back_through_the_check(train_env):
+    stack, fleet, tmp = train_env(small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0))
+    hosts = ["gpu-b01", "gpu-b02"]
+    job_ids = {j.id for j in fleet.jobs(hosts) if j.state == "running"}
+    assert job_ids
+    dr = team_dag(hosts).test()
+    st = states(dr)
+    assert dr.state == "success" and st == {"lease": "success", "work": "success", "return": "success"}, st
+    assert all(h.state == HostState.SERVING for h in fleet.hosts())
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    [op] = [o["id"] for o in led.operations_like("outside/network/")]
+    actions = [r["action"] for r in led.audit_rows(op)]
+    assert actions.index("checkpoint_requested") < actions.index("drain") < actions.index("handed_to_requester")
+    assert actions.index("handed_to_requester") < actions.index("verified") < actions.index("return")
+    assert led.operation(op)["state"] == "done" and not led.holdings(op)
+    assert led.audit_rows(op, action="outside_request")[0]["actor"].startswith("dag:network_team_optics")
+
+
+def test_the_teardown_returns_the_hosts_when_the_team_task_fails_and_a_failing_check_goes_to_repair(train_env):
+    stack, fleet, tmp = train_env(small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0))
+    fleet.settings(check_fail_rate=1.0)  # every host checked fails
+    dr = team_dag(["gpu-c01"], fail=True).test()
+    st = states(dr)
+    assert dr.state == "failed" and st["work"] == "failed" and st["return"] == "success", st
+    c01 = fleet.hosts(["gpu-c01"])[0]
+    assert c01.state == HostState.REPAIR and "health check failed" in c01.reason, c01
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    [op] = [o["id"] for o in led.operations_like("outside/network/")]
+    assert led.holdings(op) == {} and led.operation(op)["state"] == "done"  # the repair holds gpu-c01 now
+    assert set(led.holdings()) == {"gpu-c01"} and next(iter(led.holdings().values())).startswith("repair/")
+
+
+def test_a_bad_lease_request_fails_before_anything_is_touched(train_env):
+    stack, fleet, tmp = train_env(small_config())
+    before = {h.name: h.state for h in fleet.hosts()}
+    dr = team_dag(["gpu-b01", "gpu-bO2"], reason="too short"[:5]).test()
+    st = states(dr)
+    assert dr.state == "failed" and st["lease"] == "failed", st
+    assert {h.name: h.state for h in fleet.hosts()} == before
+    assert Ledger(f"sqlite:///{tmp}/ledger.db").operations_like("outside/") == []

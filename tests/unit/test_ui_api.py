@@ -394,3 +394,26 @@ def test_reading_the_page_writes_nothing(world, auth, tmp_path) -> None:
             assert client.get(path, headers=as_(auth, "viewer")).status_code in (200, 404), path
     after = _dump(tmp_path / "ledger.db"), [dataclasses.asdict(h) for h in fleet.hosts()], fleet.audit()
     assert after == before
+
+
+def test_outside_work_and_run_reports_are_on_the_page(world, auth) -> None:
+    """An outside operation shows among the active ones with its requester and phase; a run's report is listed
+    with the path of its run in Airflow and served whole; one that is not there is a 404 naming it."""
+    from railyard.operations import outside, runreport
+
+    cfg, fleet, ledger, client = world
+    req = outside.parse_request(cfg, hosts=["gpu-c01"], kind="hw-repair", reason="replace the NIC on c01")
+    op = outside.open_request(cfg, ledger, req, actor="hwteam")
+    ops = client.get("/api/operations", headers=as_(auth, "viewer")).json()["operations"]
+    [mine] = [o for o in ops if o["id"] == op]
+    assert mine["kind"] == "outside" and mine["requester"] == "hwteam" and mine["phase"] == "queued", mine
+    assert client.get("/api/runs", headers=as_(auth, "viewer")).json() == []
+    ledger.save_report(runreport.build(ledger, train="demo", run_id="manual__1", dag_id="railyard_train_demo",
+                                       triggered_by="admin"))
+    [row] = client.get("/api/runs", headers=as_(auth, "viewer")).json()
+    assert row["run"] == "demo/manual__1" and row["grid"] == "/dags/railyard_train_demo/runs/manual__1", row
+    whole = client.get("/api/runs/demo/manual__1", headers=as_(auth, "viewer")).json()
+    assert whole["run"]["triggered_by"] == "admin" and whole["hosts"] == {}
+    gone = client.get("/api/runs/demo/nope", headers=as_(auth, "viewer"))
+    assert gone.status_code == 404 and "demo/nope" in gone.text
+    assert client.get("/api/runs").status_code == 401

@@ -192,8 +192,12 @@ def operations(ledger: Ledger) -> dict[str, Any]:
     ops = []
     for o in ledger.active_operations():
         last = o.get("last") or {}
+        detail = o.get("detail") or {}
         ops.append({"id": o["id"], "kind": o["kind"], "hosts": o["hosts"], "created_at": o["created_at"],
-                    "run": run_link(o), "last": {k: last.get(k) for k in ("action", "reason", "actor", "at")}})
+                    "run": run_link(o), "last": {k: last.get(k) for k in ("action", "reason", "actor", "at")},
+                    # outside work: who asked, what for, and where it stands (queued, handed)
+                    "requester": detail.get("actor") if o["kind"] == "outside" else None,
+                    "phase": detail.get("phase") if o["kind"] == "outside" else None})
     sw = ledger.switch("freeze")
     return {"operations": ops, "waiting": [dict(w) for w in ledger.waiting()],
             "freeze": {"on": sw is not None, **{k: (sw or {}).get(k) for k in ("reason", "actor", "at")}}}

@@ -1,9 +1,12 @@
-"""Two trains over the same fleet, triggered at the same moment through the REST API of a running
-`airflow standalone` (real scheduler, real triggerer, real simulator server)."""
+"""Two trains over the same fleet, and another team's DAG doing outside work inside a Railyard lease, triggered
+at the same moment through the REST API of a running `airflow standalone` (real scheduler, real triggerer,
+real simulator server)."""
 
 from __future__ import annotations
 
+import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,30 @@ from railyard.ledger import Ledger
 from tests.support.configs import small_config, write_config
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+TEAM_HOSTS = ["gpu-c01", "gpu-c02"]
+TEAM_DAG = f'''
+from datetime import datetime
+
+from airflow.sdk import DAG, task
+
+from railyard_airflow.operators.outside import RailyardLeaseOperator, RailyardReturnOperator
+
+with DAG(dag_id="network_team_optics", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
+    lease = RailyardLeaseOperator(task_id="lease", hosts={TEAM_HOSTS!r}, kind="network",
+                                  reason="replace the optics of c01 and c02", poke_interval=2)
+
+    @task
+    def replace_optics() -> dict:
+        from railyard_airflow.hooks.fleet import FleetHook
+
+        seen = {{h.name: h.state.value for h in FleetHook().get_conn().hosts({TEAM_HOSTS!r})}}
+        assert set(seen.values()) == {{"drained"}}, seen
+        return seen
+
+    back = RailyardReturnOperator(task_id="return", lease_task_id="lease")
+    lease >> replace_optics() >> back.as_teardown(setups=lease)
+'''
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +55,10 @@ def stack(tmp_path_factory):
         check_fail_rate=0.0,
     )
     cfg = write_config(tmp / "railyard.yaml", data)
-    s = Stack(home=tmp / "stack", config_file=cfg, airflow_port=free_port(), sim_port=free_port())
+    dags = tmp / "dags"  # Railyard's DAG files, and a DAG of another team's
+    shutil.copytree(ROOT / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
+    (dags / "network_team.py").write_text(TEAM_DAG)
+    s = Stack(home=tmp / "stack", config_file=cfg, airflow_port=free_port(), sim_port=free_port(), dags_folder=dags)
     s.start_sim()
     try:
         s.start_airflow()
@@ -40,12 +70,12 @@ def stack(tmp_path_factory):
 
 def test_two_trains_at_once_never_take_two_domains(stack):
     fleet = stack.fleet()
-    dags = ["railyard_train_drivers", "railyard_train_kernels"]
+    dags = ["railyard_train_drivers", "railyard_train_kernels", "network_team_optics"]
     for d in dags:
         stack.wait_dag(d)
         stack.rest("PATCH", f"/dags/{d}", json={"is_paused": False})
     runs: dict[str, str] = {}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(len(dags))
 
     def fire(dag_id: str) -> None:
         barrier.wait()
@@ -75,7 +105,7 @@ def test_two_trains_at_once_never_take_two_domains(stack):
     assert audit["max_domains_out"] == 1, audit["max_domains_out"]
     assert max(ledger_out) <= 1
     assert audit["unverified_returns"] == []
-    assert len(audit["stops"]) == 8  # 4 domains x 2 trains, one at a time
+    assert len([s for s in audit["stops"] if not s["op"].startswith("outside/")]) == 8, audit["stops"]  # 4 x 2
     cfg = stack.config
     want = cfg.train_targets(cfg.train("drivers")) | cfg.train_targets(cfg.train("kernels"))
     for h in fleet.hosts():
@@ -83,3 +113,9 @@ def test_two_trains_at_once_never_take_two_domains(stack):
     # the second train waited for the lease in a real triggerer, and got it from there
     assert "wait_capacity" in seen_deferred
     assert led.holdings() == {}
+    # the team's work: its jobs asked to checkpoint before the drain, its hosts back only after a passing check
+    [op] = [o["id"] for o in led.operations_like("outside/network/")]
+    acts = [r["action"] for r in led.audit_rows(op)]
+    assert acts.index("lease") < acts.index("checkpoint_requested") < acts.index("drain"), acts
+    assert acts.index("handed_to_requester") < acts.index("verified") < acts.index("return") < acts.index("release")
+    assert {h for r in led.audit_rows(op, action="verified") for h in r["hosts"]} == set(TEAM_HOSTS)

@@ -70,13 +70,22 @@ def notifier_for(conn_id: str, conn_type: str, event: Event) -> BaseNotifier:
                      f"(slackwebhook, apprise, http)")
 
 
-def send(cfg: RailyardConfig, ledger: Ledger | None, event: Event, *, once_for: str | None = None) -> int:
+def send(cfg: RailyardConfig, ledger: Ledger | None, event: Event, *, once_for: str | None = None,
+         once_for_run: str | None = None) -> int:
     """Send `event` to every route that takes its kind; the number sent. With `once_for` (an operation id), an
-    event already sent for that operation (same kind, host and domain) is not sent again."""
+    event already sent for that operation (same kind, host and domain) is not sent again; with `once_for_run`
+    (`train/run_id`: a run's own events, which no operation carries), one already sent for that run."""
     routes = [r for r in cfg.notify if event.kind in r.events]
     if not routes:
         return 0
     key = f"notified:{event.kind}:{event.domain or ''}:{event.host or ''}:{event.extra.get('release', '')}"
+    store = None
+    if once_for_run is not None and ledger is not None:
+        from railyard.ledger.state import Store
+
+        store = Store(ledger.url)
+        if store.get("notified", f"{once_for_run}:{event.kind}") is not None:
+            return 0  # a retried task: sent by its first attempt
     if once_for is not None and ledger is not None:
         try:
             if key in ledger.detail(once_for):
@@ -102,6 +111,8 @@ def send(cfg: RailyardConfig, ledger: Ledger | None, event: Event, *, once_for: 
                     pass
     if once_for is not None and ledger is not None:  # marked after sending: at least once, never lost
         ledger.set_detail_once(once_for, key, True)
+    if store is not None and once_for_run is not None:
+        store.put("notified", f"{once_for_run}:{event.kind}", {"sent": sent})
     return sent
 
 

@@ -62,7 +62,8 @@ class CycleReportOperator(BaseOperator):
         if not (context.get("params") or {}).get("dry_run"):
             send(cfg, led, Event("train_started", f"train {self.train_id} started (run {context.get('run_id')}): "
                                  f"{len(p['domains'])} domain(s), {p['hosts_to_upgrade']} host(s) to upgrade",
-                                 train=self.train_id, run_id=context.get("run_id")))
+                                 train=self.train_id, run_id=context.get("run_id")),
+                 once_for_run=f"{self.train_id}/{context.get('run_id')}")
         return {"overdue": [o["domain"] for o in overdue], "plan": {k: p[k] for k in (
             "domains", "hosts_to_upgrade", "hosts_visited", "estimate_s", "lowest_serving_fraction")}}
 
@@ -105,7 +106,8 @@ class EndRunOperator(FleetOperator):
             send(cfg, led, Event("train_finished", f"train {self.train_id} run {run_id} ended "
                                  f"{report['run']['outcome']}: {leased} host(s) visited, {failed} offboarded to "
                                  "repair", train=self.train_id, run_id=run_id,
-                                 extra={"hosts": leased, "offboarded": failed}))
+                                 extra={"hosts": leased, "offboarded": failed}),
+                 once_for_run=report["run"]["key"])
         return {"report": runreport.for_xcom(report), "reservations_deleted": gone}
 
 

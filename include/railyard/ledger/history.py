@@ -21,11 +21,14 @@ class AuditLog(LedgerBase):
             _audit(c, self.clock(), actor, op_id, action, list(hosts), reason)
 
     def audit_rows(self, op_id: str | None = None, limit: int | None = 1000,
-                   action: str | None = None) -> list[dict[str, Any]]:
-        """The audit, oldest first: of one operation, of one action, the first `limit` rows (None: all)."""
+                   action: str | None = None, prefix: str | None = None) -> list[dict[str, Any]]:
+        """The audit, oldest first: of one operation, of the operations whose id starts with `prefix` (a run's
+        stops), of one action, the first `limit` rows (None: all)."""
         q = select(audit).order_by(audit.c.id)
         if op_id is not None:
             q = q.where(audit.c.op_id == op_id)
+        if prefix is not None:
+            q = q.where(audit.c.op_id.startswith(prefix, autoescape=True))
         if action is not None:
             q = q.where(audit.c.action == action)
         with self.engine.connect() as c:

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 
 from railyard.ledger.base import LedgerBase
-from railyard.ledger.schema import audit, capacity_samples, run_reports, versions_before
+from railyard.ledger.schema import capacity_samples, run_reports, versions_before
 
 
 class Reports(LedgerBase):
@@ -32,15 +32,6 @@ class Reports(LedgerBase):
             rows = c.execute(select(versions_before.c.host, versions_before.c.versions)
                              .where(versions_before.c.op_id == op_id)).tuples().all()
         return {h: json.loads(v) for h, v in rows}
-
-    def audit_of_run(self, prefix: str) -> list[dict[str, Any]]:
-        """Every audit row of the operations whose id starts with `prefix` (a run's stops), oldest first."""
-        q = select(audit).where(audit.c.op_id.startswith(prefix, autoescape=True)).order_by(audit.c.id)
-        with self.engine.connect() as c:
-            rows = [dict(r._mapping) for r in c.execute(q)]
-        for r in rows:
-            r["hosts"] = json.loads(r["hosts"])
-        return rows
 
     def capacity_low(self, op_id: str) -> float | None:
         """The lowest serving fraction of the fleet that `op_id`'s samples saw (after its drain, its return)."""
@@ -80,10 +71,3 @@ class Reports(LedgerBase):
             rows = c.execute(q).all()
         return [{"run": run, "train": tr, "run_id": run_id, "outcome": outcome, "at": at, **json.loads(summary)}
                 for run, tr, run_id, outcome, at, summary in rows]
-
-    def reported(self, keys: list[str]) -> set[str]:
-        """Which of the runs `keys` have a report."""
-        if not keys:
-            return set()
-        with self.engine.connect() as c:
-            return set(c.execute(select(run_reports.c.run).where(run_reports.c.run.in_(keys))).scalars())

@@ -37,7 +37,7 @@ def build(led: Ledger, *, train: str, run_id: str, dag_id: str | None = None, tr
     Airflow knows of the run (who triggered it, its state, its failed tasks), when the caller has them."""
     prefix = f"{run_key(train, run_id)}/"
     ops = led.operations_like(prefix)
-    rows = led.audit_of_run(prefix)
+    rows = led.audit_rows(prefix=prefix, limit=None)
     by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_op[r["op_id"]].append(r)

@@ -21,7 +21,8 @@ ConfigPath = str | os.PathLike[str] | None
 
 
 def railyard_dags(path: ConfigPath = None) -> dict[str, DAG]:
-    """Every Railyard DAG: one per train, the emergency train, and the releases, repairs and reconcile DAGs."""
+    """Every Railyard DAG: one per train, the emergency train, and the releases, repairs, reconcile and outside
+    work DAGs."""
     from railyard_airflow.factory import build_all_dags
     return build_all_dags(_str(path))
 
@@ -52,6 +53,11 @@ def reconcile_dags(path: ConfigPath = None) -> dict[str, DAG]:
     return _single("railyard_reconcile", path)
 
 
+def outside_dags(path: ConfigPath = None) -> dict[str, DAG]:
+    """Drive the outside work requested over the Railyard page's API."""
+    return _single("railyard_outside", path)
+
+
 def _single(dag_id: str, path: ConfigPath) -> dict[str, DAG]:
     from railyard_airflow.factory import SINGLE_DAGS
     return {dag_id: SINGLE_DAGS[dag_id](_str(path))}
@@ -61,4 +67,5 @@ def _str(path: ConfigPath) -> str | None:
     return None if path is None else os.fspath(path)
 
 
-__all__ = ["emergency_dags", "railyard_dags", "reconcile_dags", "release_dags", "repair_dags", "train_dags"]
+__all__ = ["emergency_dags", "outside_dags", "railyard_dags", "reconcile_dags", "release_dags", "repair_dags",
+           "train_dags"]

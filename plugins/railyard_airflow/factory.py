@@ -26,6 +26,11 @@ from railyard.fleet import gcpause
 from railyard.operations.reconcile import dag_id_for
 from railyard_airflow.notifiers.escalation import EscalationNotifier
 from railyard_airflow.operators.emergency import EmergencyPlanOperator
+from railyard_airflow.operators.outside import (
+    RailyardAwaitReturnOperator,
+    RailyardLeaseOperator,
+    RailyardReturnOperator,
+)
 from railyard_airflow.operators.reconcile import ReconcileOperator
 from railyard_airflow.operators.release import ReleaseActionOperator
 from railyard_airflow.operators.repair import RepairGateOperator
@@ -263,6 +268,32 @@ def build_reconcile_dag(path: str | None = None, config: RailyardConfig | None =
         "the same from a shell.")
 
 
+OUTSIDE_DAG = "railyard_outside"
+
+
+def build_outside_dag(path: str | None = None, config: RailyardConfig | None = None) -> DAG:
+    """Drives one request for outside work made over the page's API (`POST /railyard/api/ops`, which triggers it
+    with the request's id): waits for the grant and the drain, then for the requester to ask for its hosts back,
+    and returns them through the deep health check. Requests run side by side, each in its own run."""
+    p = str(config_path(path))
+    config = config or load_config(p)
+    common: dict[str, Any] = dict(fleet_conn_id=config.fleet.connection, config_path=p)
+    params = {"op": Param("", type="string", minLength=1,
+                          description="the outside operation's id, as `POST /railyard/api/ops` answered it")}
+    with DAG(dag_id=OUTSIDE_DAG, description="Outside work requested over the Railyard page's API", schedule=None,
+             start_date=START, catchup=False, max_active_runs=64, tags=["railyard", "outside"], params=params,
+             doc_md="One run per request: `lease` waits (deferred) until the hosts are granted and drained, "
+             "`requester_works` until the requester returns them (`POST /railyard/api/ops/OP/return` or "
+             "`railyard op return OP`), and `return` checks them; a host that fails goes to repair. A run "
+             "whose requester never returns its hosts keeps them held: the reconciler escalates it at its "
+             "deadline.") as dag:
+        lease = RailyardLeaseOperator(task_id="lease", op="{{ params.op }}", **common)
+        work = RailyardAwaitReturnOperator(task_id="requester_works", lease_task_id="lease", **common)
+        back = RailyardReturnOperator(task_id="return", lease_task_id="lease", asked_only=True, **common)
+        lease >> work >> back.as_teardown(setups=lease)
+    return dag
+
+
 def build_train_dags(path: str | None = None, config: RailyardConfig | None = None) -> dict[str, DAG]:
     """All train DAGs, sorted by id; only the running one when a task's process parses the file.
     The garbage collector is paused while they are built: its passes only re-walk the tasks being built
@@ -281,12 +312,13 @@ def build_train_dags(path: str | None = None, config: RailyardConfig | None = No
 
 
 SINGLE_DAGS = {"railyard_emergency": build_emergency_dag, "railyard_releases": build_release_dag,
-               "railyard_repairs": build_repair_dag, "railyard_reconcile": build_reconcile_dag}
+               "railyard_repairs": build_repair_dag, "railyard_reconcile": build_reconcile_dag,
+               OUTSIDE_DAG: build_outside_dag}
 
 
 def build_all_dags(path: str | None = None) -> dict[str, DAG]:
     """Every Railyard DAG of one config, read once: a train DAG per train, then the emergency train, the
-    releases, repairs and reconcile DAGs; only the running one when a task's process parses the file."""
+    releases, repairs, reconcile and outside-work DAGs; only the running one when a task's process parses the file."""
     p = str(config_path(path))
     config = load_config(p)
     wanted = get_parsing_context().dag_id

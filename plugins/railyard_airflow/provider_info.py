@@ -25,6 +25,7 @@ def get_provider_info() -> dict[str, Any]:
             f"{pkg}.operators.repair", f"{pkg}.operators.reconcile", f"{pkg}.operators.report",
             f"{pkg}.operators.outside"]}],
         "sensors": [{"integration-name": "Railyard", "python-modules": [f"{pkg}.sensors.stop"]}],
-        "triggers": [{"integration-name": "Railyard", "python-modules": [f"{pkg}.triggers.stop"]}],
+        "triggers": [{"integration-name": "Railyard",
+                      "python-modules": [f"{pkg}.triggers.stop", f"{pkg}.triggers.outside"]}],
         "notifications": [f"{pkg}.notifiers.escalation.EscalationNotifier"],
     }

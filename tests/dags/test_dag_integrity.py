@@ -25,8 +25,8 @@ def dagbag(monkeypatch, config: Path | None = None):
 def test_demo_dags_import(monkeypatch):
     bag = dagbag(monkeypatch)
     assert bag.import_errors == {}
-    assert sorted(bag.dag_ids) == ["railyard_emergency", "railyard_reconcile", "railyard_releases", "railyard_repairs",
-                                   "railyard_train_demo"]
+    assert sorted(bag.dag_ids) == ["railyard_emergency", "railyard_outside", "railyard_reconcile", "railyard_releases",
+                                   "railyard_repairs", "railyard_train_demo"]
     dag = bag.dags["railyard_train_demo"]
     groups = [tid.split(".")[0] for tid in dag.task_ids if tid.endswith(".wait_capacity")]
     assert groups == [f"pod-{c}" for c in "abcdefgh"] + ["revisit_1"]
@@ -84,7 +84,7 @@ def test_bad_config_is_an_import_error(monkeypatch, tmp_path, mutate, needle):
     cfg.write_text(yaml.safe_dump(data))
     bag = dagbag(monkeypatch, cfg)
     assert list(bag.dag_ids) == []
-    assert len(bag.import_errors) == 5  # the trains, emergency, releases, repairs and reconcile files all refuse it
+    assert len(bag.import_errors) == 6  # the trains, emergency, releases, repairs, reconcile, outside files refuse it
     assert all(needle in err for err in bag.import_errors.values())
 
 

@@ -18,7 +18,7 @@ def team_dag(hosts: list[str], *, fail: bool = False, reason: str = "replace the
     from railyard_airflow.operators.outside import RailyardLeaseOperator, RailyardReturnOperator
 
     with DAG(dag_id="network_team_optics", start_date=datetime(2026, 1, 1), schedule=None, catchup=False) as dag:
-        lease = RailyardLeaseOperator(task_id="lease", hosts=hosts, kind="network", reason=reason, poke_interval=1)
+        lease = RailyardLeaseOperator(task_id="lease", hosts=hosts, kind="network", reason=reason, poll_s=1)
 
         @task
         def work() -> list[str]:
@@ -89,3 +89,45 @@ def test_a_bad_lease_request_fails_before_anything_is_touched(train_env):
     assert dr.state == "failed" and st["lease"] == "failed", st
     assert {h.name: h.state for h in fleet.hosts()} == before
     assert Ledger(f"sqlite:///{tmp}/ledger.db").operations_like("outside/") == []
+
+
+def test_railyard_outside_drives_a_request_made_elsewhere_until_its_requester_returns_it(train_env):
+    """The `railyard_outside` DAG (what the page's POST /api/ops triggers) with a request opened in the ledger:
+    the lease defers until the hosts are drained, the next task until the requester asks for them back (here
+    from another thread, as the page's API would), and the teardown sends the named host to repair with the
+    requester's reason and checks the other."""
+    import threading
+    import time
+
+    from railyard.domain.config import load_config
+    from railyard.operations import outside
+    from tests.dags.conftest import load_dag
+
+    stack, fleet, tmp = train_env(small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0))
+    cfg = load_config(stack.config_file)
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    req = outside.parse_request(cfg, hosts=["gpu-b01", "gpu-b02"], kind="hw-repair", reason="reseat the GPUs of b")
+    op = outside.open_request(cfg, led, req, actor="alice")
+    seen: dict[str, object] = {}
+
+    def requester() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and outside.status(led, op)["phase"] != "handed":
+            time.sleep(0.2)
+        seen["states"] = {h.name: h.state for h in fleet.hosts(req["hosts"])}
+        outside.ask_return(led, op, to_repair=["gpu-b02"], reason="gpu-b02 kept its bad riser", actor="alice")
+
+    t = threading.Thread(target=requester, daemon=True)
+    t.start()
+    dr = load_dag("railyard_outside").test(run_conf={"op": op})
+    t.join(timeout=5)
+    st = states(dr)
+    assert dr.state == "success" and set(st.values()) == {"success"}, st
+    assert seen["states"] == {"gpu-b01": HostState.DRAINED, "gpu-b02": HostState.DRAINED}, seen
+    d01, d02 = fleet.hosts(["gpu-b01", "gpu-b02"])
+    assert d01.state == HostState.SERVING, d01
+    assert d02.state == HostState.REPAIR and "gpu-b02 kept its bad riser" in d02.reason, d02
+    acts = [r["action"] for r in led.audit_rows(op)]
+    assert acts.index("handed_to_requester") < acts.index("return_asked") < acts.index("verified"), acts
+    assert [r["actor"] for r in led.audit_rows(op, action="return_asked")] == ["alice"]
+    assert outside.status(led, op)["phase"] == "returned" and led.operation(op)["state"] == "done"

@@ -74,8 +74,10 @@ def test_the_public_builders_build_every_dag_of_a_config(monkeypatch: pytest.Mon
     cfg = ROOT / "include" / "config" / "railyard.yaml"
     every = ra.railyard_dags(cfg)
     trains = ra.train_dags(cfg)
-    singles = {**ra.emergency_dags(cfg), **ra.release_dags(cfg), **ra.repair_dags(cfg), **ra.reconcile_dags(cfg)}
-    assert set(singles) == {"railyard_emergency", "railyard_releases", "railyard_repairs", "railyard_reconcile"}
+    singles = {**ra.emergency_dags(cfg), **ra.release_dags(cfg), **ra.repair_dags(cfg), **ra.reconcile_dags(cfg),
+               **ra.outside_dags(cfg)}
+    assert set(singles) == {"railyard_emergency", "railyard_releases", "railyard_repairs", "railyard_reconcile",
+                            "railyard_outside"}
     assert trains and all(d.startswith("railyard_train_") for d in trains)
     assert set(every) == set(trains) | set(singles)
 

@@ -27,7 +27,7 @@ from railyard_airflow.operators.outside import RailyardLeaseOperator, RailyardRe
 
 with DAG(dag_id="network_team_optics", start_date=datetime(2026, 1, 1), schedule=None, catchup=False):
     lease = RailyardLeaseOperator(task_id="lease", hosts={TEAM_HOSTS!r}, kind="network",
-                                  reason="replace the optics of c01 and c02", poke_interval=2)
+                                  reason="replace the optics of c01 and c02", poll_s=2)
 
     @task
     def replace_optics() -> dict:

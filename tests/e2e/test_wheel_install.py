@@ -23,7 +23,7 @@ DAG_FILE = """from railyard_airflow import railyard_dags
 globals().update(railyard_dags({path!r}))
 """
 RAILYARD_DAGS = {"railyard_train_demo", "railyard_emergency", "railyard_releases", "railyard_repairs",
-                 "railyard_reconcile"}
+                 "railyard_reconcile", "railyard_outside"}
 
 
 def sh(*cmd: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> str:
@@ -102,7 +102,7 @@ def test_a_user_installs_the_wheel_into_their_airflow_and_runs_a_train(tmp_path:
         errors = stack.rest("GET", "/importErrors")
         assert errors["total_entries"] == 0, errors
 
-        _wait("the five Railyard DAGs", 120, lambda: all(stack.dag_present(d) for d in RAILYARD_DAGS) or None)
+        _wait("the six Railyard DAGs", 120, lambda: all(stack.dag_present(d) for d in RAILYARD_DAGS) or None)
         run_id = stack.trigger("railyard_train_demo")
         assert stack.wait_run("railyard_train_demo", run_id, timeout=300) == "success"
         cfg_model = stack.config

@@ -27,6 +27,11 @@ def request(cfg, clock, fleet, ledger, hosts, kind="hw-repair", reason="replace 
     return op, outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock)
 
 
+def handed(s) -> dict:
+    """Advance a request, as its driver does, until its hosts are handed over (the simulator's clock moves)."""
+    return outside.wait_handed(s, say=lambda _m: None, poll_s=0.25)
+
+
 class NoRuns:
     def dag_known(self, dag_id: str) -> bool:
         return True
@@ -48,7 +53,10 @@ def test_queued_behind_a_train_stop_then_handed_over_with_checkpoints_then_back_
     full_stop_after_take(train, clock)  # the train's stop ends: the request is granted
     jobs_b = {j.id for j in fleet.jobs(["hb1", "hb2"]) if j.state == "running"}
     assert jobs_b
-    out = outside.advance(s)
+    out = outside.advance(s)  # granted: its jobs are asked to checkpoint; nothing drained before they have
+    assert out["phase"] == "checkpointing" and "checkpoints of" in out["why"], out
+    assert {h.name for h in fleet.hosts() if h.state == HostState.DRAINED} == set()
+    out = handed(s)
     assert out == {"phase": "handed", "hosts": ["hb1", "hb2"]}, out
     # only its own hosts, drained after their jobs checkpointed since they were asked
     assert {h.name for h in fleet.hosts() if h.state == HostState.DRAINED} == {"hb1", "hb2"}
@@ -96,7 +104,7 @@ def test_a_request_waits_for_a_freeze_and_for_the_failure_buffer_and_says_why(tm
 def test_hosts_the_requester_names_go_to_repair_with_its_reason(tmp_path):
     cfg, clock, fleet, ledger, _stop = world(tmp_path, **quiet())
     op, s = request(cfg, clock, fleet, ledger, ["hc1", "hc2"], kind="network")
-    assert outside.advance(s)["phase"] == "handed"
+    assert handed(s)["phase"] == "handed"
     back = outside.give_back(s, to_repair=["hc2"], reason="the optic did not come up")
     assert back == {"checked": 1, "passed": 1, "returned": 1, "to_repair": ["hc2"]}, back
     hc2 = fleet.hosts(["hc2"])[0]
@@ -123,7 +131,7 @@ def test_a_bad_request_is_refused_by_field_and_value_before_anything_is_touched(
 def test_a_vanished_requester_is_escalated_at_its_deadline_and_never_released(tmp_path, monkeypatch):
     cfg, clock, fleet, ledger, _stop = world(tmp_path, **quiet())
     op, s = request(cfg, clock, fleet, ledger, ["hc1"], deadline_h=1)
-    assert outside.advance(s)["phase"] == "handed"
+    assert handed(s)["phase"] == "handed"
     assert reconcile(cfg, fleet, ledger, NoRuns(), say=lambda _m: None) == []  # not yet due
     import time as real_time
 

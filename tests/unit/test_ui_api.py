@@ -48,6 +48,19 @@ class FixedSources:
         self.config, self.fleet, self.ledger = config, fleet, ledger
         self.runs = GoneRuns()
 
+    outside_refusal: str | None = None  # why railyard_outside cannot take a request (paused, absent)
+    trigger_error: Exception | None = None
+
+    def outside_dag(self) -> str | None:
+        return self.outside_refusal
+
+    def drive_outside(self, op_id: str, user: str) -> str:
+        """What triggering railyard_outside answers (tests/e2e/test_two_trains.py triggers a real one)."""
+        if self.trigger_error is not None:
+            raise self.trigger_error
+        self.driven = [*getattr(self, "driven", []), (op_id, user)]
+        return "outside__" + op_id.split("/")[2]
+
     def schedule(self) -> dict:
         """What Airflow's metadata DB says of the train DAGs (tests/e2e/test_ui_page.py reads a real one)."""
         return {"railyard_train_demo": {"paused": False, "next_run": "2026-01-02T03:00:00+00:00"}}
@@ -100,7 +113,8 @@ def as_(auth, role: str) -> dict[str, str]:
 def test_every_route_refuses_a_caller_not_logged_in(world) -> None:
     *_, client = world
     for path in ("/", "/api/overview", "/api/map", "/api/capacity", "/api/buffers", "/api/trains",
-                 "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/domains/pod-a/hosts", "/api/me"):
+                 "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/domains/pod-a/hosts", "/api/me",
+                 "/api/ops", "/api/ops/outside/x/y/pod-a"):
         assert client.get(path).status_code == 401, path
     assert client.post("/api/freeze", json={"on": True, "reason": "a reason long enough"}).status_code == 401
     assert client.get("/api/overview", headers={"Authorization": "Bearer not-a-jwt"}).status_code in (401, 403)
@@ -386,11 +400,15 @@ def test_reading_the_page_writes_nothing(world, auth, tmp_path) -> None:
                                  budget=budget_for(cfg)).granted
     fleet.drain(list(cfg.domain("pod-a").hosts), op)
     ledger.sample_capacity(900.0, 8, 12, op)
+    from railyard.operations import outside
+
+    outside_op = outside.open_request(cfg, ledger, outside.parse_request(
+        cfg, hosts=["gpu-c01"], kind="network", reason="replace the optics of c01"), actor="bob")
     before = _dump(tmp_path / "ledger.db"), [dataclasses.asdict(h) for h in fleet.hosts()], fleet.audit()
     for _ in range(2):
         for path in ("/", "/api/me", "/api/overview", "/api/map", "/api/capacity", "/api/buffers", "/api/trains",
                      "/api/releases", "/api/operations", "/api/hosts/gpu-a01", "/api/domains/pod-a/hosts",
-                     "/api/domains/nope/hosts", "/api/hosts/nope"):
+                     "/api/domains/nope/hosts", "/api/hosts/nope", "/api/ops", f"/api/ops/{outside_op}"):
             assert client.get(path, headers=as_(auth, "viewer")).status_code in (200, 404), path
     after = _dump(tmp_path / "ledger.db"), [dataclasses.asdict(h) for h in fleet.hosts()], fleet.audit()
     assert after == before
@@ -417,3 +435,62 @@ def test_outside_work_and_run_reports_are_on_the_page(world, auth) -> None:
     gone = client.get("/api/runs/demo/nope", headers=as_(auth, "viewer"))
     assert gone.status_code == 404 and "demo/nope" in gone.text
     assert client.get("/api/runs").status_code == 401
+
+
+def test_outside_work_over_the_api_is_a_control_audited_with_the_user(world, auth) -> None:
+    """POST /api/ops: refused to a viewer and for bad fields (by field and value, audited) before anything is
+    requested; granted, it opens the request and triggers its run. GET lists it with its place; POST .../return
+    records the return for that run, audited with the user; a second return is refused."""
+    from railyard.operations import outside
+
+    cfg, fleet, ledger, client = world
+    sources = client.app.state.sources
+    body = {"hosts": ["gpu-b01", "gpu-b02"], "kind": "network", "reason": "replace the optics of pod b"}
+    assert client.post("/api/ops", json=body).status_code == 401
+    r = client.post("/api/ops", json=body, headers=as_(auth, "viewer"))
+    assert r.status_code == 403 and ledger.active_operations() == []
+    bad = client.post("/api/ops", json=body | {"hosts": ["gpu-b01", "gpu-bO2"]}, headers=as_(auth, "admin"))
+    assert bad.status_code == 422 and "hosts[1]: unknown host 'gpu-bO2' (did you mean 'gpu-b02'?)" in bad.text, bad.text
+    assert [r["actor"] for r in ledger.audit_rows(action="ui_refused")] == ["viewer-1", "admin-1"]
+    sources.outside_refusal = "the railyard_outside DAG is paused: unpause it to take requests"
+    paused = client.post("/api/ops", json=body, headers=as_(auth, "admin"))
+    assert paused.status_code == 409 and "paused" in paused.text and ledger.active_operations() == []
+    sources.outside_refusal = None
+    made = client.post("/api/ops", json=body, headers=as_(auth, "admin"))
+    assert made.status_code == 201, made.text
+    op = made.json()["op"]
+    assert made.json()["run_id"] == "outside__" + op.split("/")[2] and sources.driven == [(op, "admin-1")]
+    assert ledger.audit_rows(op, action="outside_request")[0]["actor"] == "admin-1"
+    [listed] = client.get("/api/ops", headers=as_(auth, "viewer")).json()
+    assert listed["op"] == op and listed["phase"] == "queued" and listed["requester"] == "admin-1", listed
+    assert client.get(f"/api/ops/{op}", headers=as_(auth, "viewer")).json()["request"]["hosts"] == body["hosts"]
+    assert client.get("/api/ops/outside/nope", headers=as_(auth, "viewer")).status_code == 404
+    # the run (simulated here by its core calls) hands the hosts over; the requester returns them
+    clock = fleet._clock
+
+    def tick(s: float) -> None:
+        clock.t += s
+
+    stop = outside.stop_of(cfg, fleet, ledger, op, sleep=tick, clock=clock)
+    assert outside.wait_handed(stop, say=lambda _m: None, poll_s=1)["phase"] == "handed"
+    wrong = client.post(f"/api/ops/{op}/return", json={"to_repair": ["gpu-a01"], "reason": "done with the optics"},
+                        headers=as_(auth, "admin"))
+    assert wrong.status_code == 409 and "to_repair: not held by" in wrong.text and "'gpu-a01'" in wrong.text
+    back = client.post(f"/api/ops/{op}/return", json={"to_repair": ["gpu-b02"], "reason": "b02's port is dead"},
+                       headers=as_(auth, "user"))
+    assert back.status_code == 202 and back.json()["return_asked"]["to_repair"] == ["gpu-b02"], back.text
+    assert [r["actor"] for r in ledger.audit_rows(op, action="return_asked")] == ["user-1"]
+    again = client.post(f"/api/ops/{op}/return", json={"reason": "done with the optics"}, headers=as_(auth, "admin"))
+    assert again.status_code == 409 and "asked already" in again.text
+    assert {h.name: h.state for h in fleet.hosts(body["hosts"])} == {"gpu-b01": HostState.DRAINED,
+                                                                    "gpu-b02": HostState.DRAINED}  # the run returns
+
+
+def test_a_request_whose_run_cannot_be_triggered_is_withdrawn(world, auth) -> None:
+    cfg, fleet, ledger, client = world
+    client.app.state.sources.trigger_error = RuntimeError("database is locked")
+    r = client.post("/api/ops", json={"hosts": ["gpu-c01"], "kind": "hw-repair", "reason": "reseat c01's GPUs"},
+                    headers=as_(auth, "admin"))
+    assert r.status_code == 503 and "withdrawn" in r.text and "database is locked" not in r.text
+    [op] = ledger.operations_like("outside/")
+    assert op["state"] == "done" and ledger.holdings() == {}

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from railyard.domain.config import RailyardConfig, TrainSpec
+from railyard.domain.models import HostState
 from railyard.fleet.port import Fleet
 from railyard.ledger import Ledger
 from railyard.operations.emergency import MAX_TEXT, shown
@@ -107,36 +108,66 @@ def stop_of(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: str, **
                 ledger=ledger, kind=KIND_OF_OP, scope=list(req["hosts"]), actor=f"outside:{detail['actor']}", **kw)
 
 
+PHASES = ("queued", "checkpointing", "handed", "returning", "returned")
+
+
 def phase(ledger: Ledger, op_id: str) -> str:
     return str(ledger.detail(op_id).get("phase", "queued"))
 
 
-def advance(stop: Stop, *, checkpoint_poll_s: float = 5.0) -> dict[str, Any]:
-    """One attempt to hand the hosts over: take them (or say why not yet), ask their jobs to checkpoint and
-    wait for it, drain, record each host's versions, hand over. {"phase": "queued", "why": ...} while it waits;
-    {"phase": "handed", "hosts": [...]} once the requester may work. Idempotent: run it again after a crash."""
-    if phase(stop.ledger, stop.op_id) == "handed":
+def advance(stop: Stop) -> dict[str, Any]:
+    """One step towards handing the hosts over, never blocking: take them (or say why not yet), ask their
+    jobs to checkpoint, and once every job has, drain, record each host's versions and hand over.
+    {"phase": "queued" | "checkpointing", "why": ...} while it waits; {"phase": "handed", "hosts": [...]} once the
+    requester may work; {"phase": "withdrawn"} when the requester gave up before that. Idempotent, and safe to
+    run again after a crash between any two of its calls: each step finds what the last one left."""
+    led, op_id = stop.ledger, stop.op_id
+    detail = led.detail(op_id)
+    if detail.get("phase") in ("handed", "returning"):
         return {"phase": "handed", "hosts": stop.held()}
-    if phase(stop.ledger, stop.op_id) == "returned":
-        raise OutsideError([f"op: {stop.op_id} was returned already"])
-    d = stop.take()
-    if not d.granted:
-        return {"phase": "queued", "why": d.reason}
-    _jobs, since = stop.request_checkpoints()
-    deadline = time.monotonic() + stop.timeouts.checkpoint_wait_s
-    while stale := stop.stale_jobs(since):
-        if time.monotonic() > deadline:
-            raise StopError(f"{stop.op_id}: jobs did not checkpoint within checkpoint_wait_s="
+    if (led.operation(op_id) or {}).get("state") == "done":
+        return {"phase": "withdrawn"} if detail.get("phase") != "returned" else {"phase": "returned"}
+    if detail.get("return_asked"):  # given up over the page before the hosts were drained
+        return withdraw(stop, reason=str(detail["return_asked"].get("reason") or "withdrawn"))
+    if not stop.held():
+        d = stop.take()
+        if not d.granted:
+            return {"phase": "queued", "why": d.reason}
+    _jobs, since = stop.request_checkpoints()  # asked once; a retry finds the first request's time
+    asked = float(led.set_detail_once(op_id, "checkpoint_asked_wall", time.time()))  # type: ignore[arg-type]
+    led.set_detail(op_id, "phase", "checkpointing")
+    stop.enforce_checkpoint_policy(since)
+    stale = stop.stale_jobs(since)
+    if stale:
+        waited = time.time() - asked
+        if waited > stop.timeouts.checkpoint_wait_s:
+            raise StopError(f"{op_id}: jobs did not checkpoint within checkpoint_wait_s="
                             f"{stop.timeouts.checkpoint_wait_s:.0f}s: {', '.join(stale)}; the hosts are held, "
                             "not drained: run it again, or `railyard lease release` the request")
-        stop.sleep(checkpoint_poll_s)
+        return {"phase": "checkpointing", "why": f"waiting {waited:.0f}s so far for checkpoints of {', '.join(stale)}"}
     stop.drain()
     held = stop.held()
-    stop.ledger.record_versions_before(stop.op_id, {h.name: h.versions for h in stop.fleet.hosts(held)})
-    stop.ledger.set_detail(stop.op_id, "phase", "handed")
-    stop.ledger.note(stop.op_id, "handed_to_requester", held, "drained; the requester works on them now",
-                     actor=stop.actor)
+    led.record_versions_before(op_id, {h.name: h.versions for h in stop.fleet.hosts(held)})
+    led.set_detail(op_id, "phase", "handed")
+    led.note(op_id, "handed_to_requester", held, "drained; the requester works on them now", actor=stop.actor)
     return {"phase": "handed", "hosts": held}
+
+
+def withdraw(stop: Stop, *, reason: str) -> dict[str, Any]:
+    """The requester gives up before the hosts were handed over: a lease granted but not yet drained (its jobs
+    were only asked to checkpoint) is released, the hosts untouched, and the operation finished."""
+    if phase(stop.ledger, stop.op_id) in ("handed", "returning"):
+        raise OutsideError([f"op: {stop.op_id} was handed over already: return its hosts through the check"])
+    held = stop.held()
+    untouched = [h.name for h in stop.fleet.hosts(held) if h.state == HostState.SERVING] if held else []
+    if len(untouched) != len(held):  # a drain began (a crash in it): only the check may bring them back
+        raise OutsideError([f"op: {stop.op_id} has hosts out of service already: return them through the check"])
+    if held:
+        stop.ledger.release(stop.op_id, actor=stop.actor, reason=f"withdrawn before the drain: {reason.strip()}")
+    stop.ledger.finish_operation(stop.op_id, reason=f"withdrawn by the requester: {reason.strip()}",
+                                 actor=stop.actor)
+    stop.ledger.set_detail(stop.op_id, "phase", "withdrawn")
+    return {"phase": "withdrawn"}
 
 
 def wait_handed(stop: Stop, *, say: Callable[[str], None], poll_s: float = 5.0,
@@ -146,31 +177,67 @@ def wait_handed(stop: Stop, *, say: Callable[[str], None], poll_s: float = 5.0,
     last = None
     while True:
         out = advance(stop)
-        if out["phase"] == "handed":
+        if out["phase"] not in ("queued", "checkpointing"):
             return out
-        if out["why"] != last:
-            say(f"{stop.op_id}: waiting: {out['why']}")
-            last = out["why"]
+        why = out["why"] if out["phase"] == "queued" else "waiting for checkpoints"
+        if why != last:
+            say(f"{stop.op_id}: {out['why']}" if out["phase"] == "checkpointing" else f"{stop.op_id}: waiting: {why}")
+            last = why
         if end is not None and time.monotonic() > end:
             return out
         stop.sleep(poll_s)
 
 
-def give_back(stop: Stop, *, to_repair: list[str], reason: str) -> dict[str, Any]:
-    """The requester is done: hosts it names go to repair with its reason; the rest are checked at the
-    versions they had when handed over; those that pass go back to service, the others to repair."""
-    if phase(stop.ledger, stop.op_id) != "handed" and stop.held():
-        raise OutsideError([f"op: {stop.op_id} is not handed over yet (phase {phase(stop.ledger, stop.op_id)})"])
-    held = set(stop.held())
-    if not held and (stop.ledger.operation(stop.op_id) or {}).get("state") == "active":  # withdrawn, queued
-        stop.ledger.finish_operation(stop.op_id, reason=f"withdrawn by the requester: {reason.strip()}",
-                                     actor=stop.actor)
-        return {"checked": 0, "passed": 0, "returned": 0, "to_repair": []}
+def check_return(ledger: Ledger, op_id: str, held: set[str], to_repair: list[str], reason: str) -> list[str]:
+    """What is wrong with a return of `to_repair` for `reason` (field and value); [] when it may go ahead."""
+    problems = []
     bad = [h for h in to_repair if h not in held]
     if bad:
-        raise OutsideError([f"to_repair: not held by {stop.op_id}: {', '.join(shown(h) for h in bad)}"])
-    if len(reason.strip()) < MIN_REASON:
-        raise OutsideError([f"reason: say why in {MIN_REASON} to {MAX_TEXT} characters (value: {shown(reason)})"])
+        problems.append(f"to_repair: not held by {op_id}: {', '.join(shown(h) for h in bad)}")
+    if not MIN_REASON <= len((reason or "").strip()) <= MAX_TEXT:
+        problems.append(f"reason: say why in {MIN_REASON} to {MAX_TEXT} characters (value: {shown(reason)})")
+    return problems
+
+
+def ask_return(ledger: Ledger, op_id: str, *, to_repair: list[str], reason: str, actor: str) -> dict[str, Any]:
+    """The requester is done (or gives up while queued), said where no host can be reached (the page's API):
+    recorded, audited with the user, for the operation's driver (the `railyard_outside` DAG) to carry out."""
+    st = status(ledger, op_id)
+    if st["state"] != "active":
+        raise OutsideError([f"op: {op_id} is {st['phase']} already"])
+    if ledger.detail(op_id).get("return_asked"):
+        raise OutsideError([f"op: {op_id}: its return was asked already"])
+    problems = check_return(ledger, op_id, set(st["held"]), to_repair, reason)
+    if st["phase"] not in ("handed",) and to_repair:
+        problems.append(f"to_repair: {op_id} is {st['phase']}, not handed over: nothing to send to repair")
+    if problems:
+        raise OutsideError(problems)
+    ask = {"to_repair": sorted(to_repair), "reason": reason.strip(), "actor": actor, "at": time.time()}
+    ledger.set_detail(op_id, "return_asked", ask)
+    ledger.note(op_id, "return_asked", sorted(to_repair) or st["held"],
+                f"by {actor}: {reason.strip()}" + (f"; to repair: {', '.join(sorted(to_repair))}" if to_repair else ""),
+                actor=actor)
+    return status(ledger, op_id)
+
+
+def give_back(stop: Stop, *, to_repair: list[str], reason: str) -> dict[str, Any]:
+    """The requester is done: hosts it names go to repair with its reason; the rest are checked at the
+    versions they had when handed over; those that pass go back to service, the others to repair.
+    Before the handover, the request is withdrawn instead (nothing was drained)."""
+    ph = phase(stop.ledger, stop.op_id)
+    state = (stop.ledger.operation(stop.op_id) or {}).get("state")
+    if state != "active" and not stop.held():  # returned already (a retry, or another way in did it)
+        return {"checked": 0, "passed": 0, "returned": 0, "to_repair": []}
+    if ph not in ("handed", "returning") and state == "active":
+        if to_repair:
+            raise OutsideError([f"to_repair: {stop.op_id} is {ph}, not handed over: nothing to send to repair"])
+        withdraw(stop, reason=reason)
+        return {"checked": 0, "passed": 0, "returned": 0, "to_repair": []}
+    held = set(stop.held())
+    problems = check_return(stop.ledger, stop.op_id, held, to_repair, reason)
+    if problems:
+        raise OutsideError(problems)
+    stop.ledger.set_detail(stop.op_id, "phase", "returning")
     seen = set(stop.offboarded())
     for h in to_repair:
         stop.offboard(h, f"returned to repair by the requester: {reason.strip()}", seen)
@@ -187,12 +254,16 @@ def status(ledger: Ledger, op_id: str) -> dict[str, Any]:
     if op is None or op["kind"] != KIND_OF_OP:
         raise OutsideError([f"op: no outside operation {shown(op_id)} (`railyard ops` lists them)"])
     detail = json.loads(op["detail"] or "{}")
-    waiting = {w["op_id"]: w for w in ledger.waiting()}
-    phase_now = "returned" if op["state"] == "done" else detail.get("phase", "queued")
+    line = [w["op_id"] for w in ledger.waiting()]  # emergencies first, then by arrival
+    phase_now = detail.get("phase", "queued")
+    if op["state"] == "done" and phase_now not in ("withdrawn", "returned"):
+        phase_now = "returned"
     last_wait = next((r["reason"] for r in reversed(ledger.audit_rows(op_id, limit=None, action="wait"))), None)
     return {"op": op_id, "state": op["state"], "phase": phase_now, "request": detail["request"],
             "requester": detail.get("actor"), "deadline_at": detail.get("deadline_at"),
-            "held": sorted(ledger.holdings(op_id)), "waiting": op_id in waiting, "why": last_wait,
+            "held": sorted(ledger.holdings(op_id)), "waiting": op_id in line,
+            "place": line.index(op_id) + 1 if op_id in line else None, "why": last_wait,
+            "return_asked": detail.get("return_asked"), "escalated": detail.get("escalated") is not None,
             "domains_out": ledger.domains_out()}
 
 
@@ -213,7 +284,8 @@ def describe_status(st: dict[str, Any]) -> str:
     lines = [f"{st['op']}: {st['phase'].upper()} ({r['kind']}, for {st['requester']}): {r['reason']}",
              f"  hosts: {', '.join(r['hosts'])} in {r['domain']}; held now: {', '.join(st['held']) or 'none'}"]
     if st["phase"] == "queued":
-        lines.append(f"  waiting: {st['why'] or 'not yet asked'}; domains out: "
+        place = f" (place {st['place']} in line)" if st.get("place") else ""
+        lines.append(f"  waiting{place}: {st['why'] or 'not yet asked'}; domains out: "
                      + (", ".join(f"{d} ({o})" for d, o in sorted(st["domains_out"].items())) or "none"))
     if st["deadline_at"]:
         lines.append(f"  deadline: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(st['deadline_at']))}")

@@ -28,6 +28,7 @@ from railyard_airflow.ui import views
 
 log = logging.getLogger("railyard.ui")
 STATIC = Path(__file__).parent / "static"
+OUTSIDE_DAG = "railyard_outside"  # drives requests made here (railyard_airflow.factory.build_outside_dag)
 CONTROL_DAG = "railyard_emergency"  # acting on the fleet takes the right to trigger Railyard's DAGs
 MIN_REASON = 10
 MAX_REASON = 1000  # as the emergency form's free text (railyard.operations.emergency.MAX_TEXT)
@@ -91,6 +92,29 @@ class Sources:
                                    .where(DagModel.dag_id.in_(ids))).all()
         return {d: {"paused": bool(paused), "next_run": at.isoformat() if at is not None else None}
                 for d, paused, at in rows}
+
+
+    def outside_dag(self) -> str | None:
+        """Why the `railyard_outside` DAG cannot take a request now (not parsed, paused), or None."""
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            paused = session.scalar(select(DagModel.is_paused).where(DagModel.dag_id == OUTSIDE_DAG))
+        if paused is None:
+            return f"the {OUTSIDE_DAG} DAG is not in Airflow (a DAG file with railyard_dags() or outside_dags())"
+        return f"the {OUTSIDE_DAG} DAG is paused: unpause it to take requests" if paused else None
+
+    def drive_outside(self, op_id: str, user: str) -> str:
+        """Trigger the run of `railyard_outside` that drives the request `op_id`; its run id."""
+        from airflow.api.common.trigger_dag import trigger_dag
+        from airflow.utils.types import DagRunTriggeredByType
+
+        run_id = "outside__" + op_id.split("/")[2]
+        trigger_dag(OUTSIDE_DAG, triggered_by=DagRunTriggeredByType.REST_API, triggering_user_name=user,
+                    run_id=run_id, conf={"op": op_id})
+        return run_id
 
 
 class MetadataRuns:
@@ -186,6 +210,16 @@ class FreezeBody(Reason):
     on: bool
 
 
+class OutsideBody(Reason):
+    hosts: list[str] = Field(default_factory=list, description="hosts of one domain")
+    kind: str = Field(default="", description="hw-repair, network, or any token of lower-case letters")
+    deadline_h: float | None = Field(default=None, description="escalated when not returned within this")
+
+
+class ReturnBody(Reason):
+    to_repair: list[str] = Field(default_factory=list, description="hosts that go to repair, not to the check")
+
+
 class LeaseBody(Reason):
     op: str
     to_repair: bool = False
@@ -210,6 +244,69 @@ def _run_routes(app: FastAPI) -> None:
         return as_json(report)
 
 
+def _outside_routes(app: FastAPI, control: Any) -> None:
+    """Outside work over HTTP (railyard.operations.outside): list and read the requests; make one (the
+    `railyard_outside` DAG drives it: grant, checkpoints, drain, handover); return its hosts. Making and returning
+    are controls: authorised as the others, audited with the Airflow user, refusals included."""
+    from railyard.operations import outside
+
+    def refused(request: Request, name: str, what: str, code: int, message: str) -> HTTPException:
+        """A request or return refused after the gate (bad fields, a paused DAG): audited as the gate's are."""
+        if request.app.state.refusals.first(name, f"{what}:{code}"):
+            request.app.state.sources.ledger.note(None, "ui_refused", [], f"{what}: {message[:400]} (HTTP {code})",
+                                                  actor=name)
+        return HTTPException(code, message)
+
+    def status_or_404(ledger: Any, op: str) -> dict[str, Any]:
+        try:
+            return outside.status(ledger, op)
+        except outside.OutsideError as exc:
+            raise HTTPException(404, "; ".join(exc.problems)) from None
+
+    @app.get("/api/ops")
+    def ops(request: Request, user: User) -> JSONResponse:
+        """Outside operations still active, each with its requester, phase, hosts, age and place in line."""
+        led = request.app.state.sources.ledger
+        return as_json([outside.status(led, o["id"]) | {"created_at": o["created_at"]}
+                        for o in led.active_operations() if o["kind"] == outside.KIND_OF_OP])
+
+    @app.get("/api/ops/{op:path}")
+    def op_status(request: Request, op: str, user: User) -> JSONResponse:
+        return as_json(status_or_404(request.app.state.sources.ledger, op))
+
+    @app.post("/api/ops", status_code=201)
+    def op_request(request: Request, body: OutsideBody, user: User) -> dict[str, Any]:
+        s, name = control(request, user, f"op request {','.join(body.hosts)[:200]}", body.reason)
+        try:
+            req = outside.parse_request(s.config, hosts=body.hosts, kind=body.kind, reason=body.reason,
+                                        deadline_h=body.deadline_h)
+        except outside.OutsideError as exc:
+            raise refused(request, name, "op request", 422, "; ".join(exc.problems)) from None
+        why = s.outside_dag()
+        if why is not None:
+            raise refused(request, name, "op request", 409, f"op request: {why}; nothing was requested")
+        op_id = outside.open_request(s.config, s.ledger, req, actor=name)
+        try:
+            run_id = s.drive_outside(op_id, name)
+        except Exception as exc:  # no run drives it: it must not wait in the ledger for ever
+            s.ledger.finish_operation(op_id, reason=f"withdrawn: {OUTSIDE_DAG} could not be triggered "
+                                      f"({type(exc).__name__})", actor=name)
+            log.exception("%s: could not trigger %s", op_id, OUTSIDE_DAG)
+            raise HTTPException(503, f"op request: {OUTSIDE_DAG} could not be triggered ({type(exc).__name__}); "
+                                     "the request was withdrawn") from None
+        return outside.status(s.ledger, op_id) | {"dag_id": OUTSIDE_DAG, "run_id": run_id}
+
+    @app.post("/api/ops/{op:path}/return", status_code=202)
+    def op_return(request: Request, op: str, body: ReturnBody, user: User) -> dict[str, Any]:
+        """The requester is done (or gives up while queued): its run checks the hosts and returns them."""
+        s, name = control(request, user, f"op return {op[:200]}", body.reason)
+        status_or_404(s.ledger, op)
+        try:
+            return outside.ask_return(s.ledger, op, to_repair=body.to_repair, reason=body.reason, actor=name)
+        except outside.OutsideError as exc:
+            raise refused(request, name, "op return", 409, "; ".join(exc.problems)) from None
+
+
 def create_app(sources: Sources | None = None) -> FastAPI:
     app = FastAPI(title="Railyard", description="The fleet at a glance, and Railyard's controls",
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -226,7 +323,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
     def src(request: Request) -> Sources:
         return request.app.state.sources  # type: ignore[no-any-return]
 
-    refusals = Refusals()
+    refusals = app.state.refusals = Refusals()
 
     def control(request: Request, user: Any, what: str, reason: str) -> tuple[Sources, str]:
         """A control's gate: the user's right to act (Airflow's, and `emergency.allowed_users` as for the
@@ -312,6 +409,7 @@ def create_app(sources: Sources | None = None) -> FastAPI:
         return views.operations(src(request).ledger)
 
     _run_routes(app)
+    _outside_routes(app, control)
 
     @app.get("/api/domains/{domain}/hosts")
     def domain_hosts(request: Request, domain: str, user: User) -> JSONResponse:

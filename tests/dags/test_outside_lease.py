@@ -131,3 +131,43 @@ def test_railyard_outside_drives_a_request_made_elsewhere_until_its_requester_re
     assert acts.index("handed_to_requester") < acts.index("return_asked") < acts.index("verified"), acts
     assert [r["actor"] for r in led.audit_rows(op, action="return_asked")] == ["alice"]
     assert outside.status(led, op)["phase"] == "returned" and led.operation(op)["state"] == "done"
+
+
+def test_the_lease_trigger_only_reads_and_wakes_when_the_request_could_go_on(train_env):
+    """OutsideTrigger's poll of a queued request leases, drains and audits nothing; it wakes the task once the
+    freeze is lifted, and, while the jobs checkpoint, once they all have; the return wait wakes on the ask."""
+    from railyard.domain.config import load_config
+    from railyard.operations import outside
+    from railyard_airflow.triggers.outside import OutsideTrigger
+
+    stack, fleet, tmp = train_env(small_config(upgrade_fail_rate=0.0, check_fail_rate=0.0))
+    cfg = load_config(stack.config_file)
+    led = Ledger(f"sqlite:///{tmp}/ledger.db")
+    led.set_switch("freeze", True, reason="nothing moves this week", actor="ops")
+    req = outside.parse_request(cfg, hosts=["gpu-c01"], kind="network", reason="re-cable c01's uplinks")
+    op = outside.open_request(cfg, led, req, actor="netteam")
+
+    def trigger(wait_for: str) -> OutsideTrigger:
+        return OutsideTrigger(op_id=op, config_path=str(stack.config_file), wait_for=wait_for,
+                              deadline=9e9)
+
+    audit = len(led.audit_rows())
+    assert trigger("grant").probe() is None
+    assert len(led.audit_rows()) == audit and led.holdings() == {}
+    assert {h.state for h in fleet.hosts()} == {HostState.SERVING}
+    led.set_switch("freeze", False, reason="thawed for the re-cabling", actor="ops")
+    assert trigger("grant").probe() == {"status": "ready", "phase": "queued"}
+    assert led.holdings() == {}  # the task takes the lease, never the trigger
+    stop = outside.stop_of(cfg, fleet, led, op)
+    first = outside.advance(stop)
+    if first["phase"] == "checkpointing":  # the simulator's jobs checkpoint within seconds of the ask
+        import time
+
+        end = time.monotonic() + 60
+        while trigger("grant").probe() is None and time.monotonic() < end:
+            time.sleep(0.5)
+        assert not stop.stale_jobs(float(led.detail(op)["checkpoint_requested_at"]))
+    assert outside.wait_handed(stop, say=lambda _m: None, poll_s=0.5)["phase"] == "handed"
+    assert trigger("return").probe() is None
+    outside.ask_return(led, op, to_repair=[], reason="re-cabled, all links up", actor="netteam")
+    assert trigger("return").probe() == {"status": "asked"}

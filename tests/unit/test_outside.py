@@ -32,6 +32,15 @@ def handed(s) -> dict:
     return outside.wait_handed(s, say=lambda _m: None, poll_s=0.25)
 
 
+def busy(fleet, clock, hosts: list[str]) -> None:
+    """Let the simulated world run until a job on `hosts` has worked since its last checkpoint."""
+    for _ in range(400):
+        clock.advance(1)  # a minute of the simulator's (its checkpoints come every 30 minutes)
+        if any(j.state == "running" and j.last_checkpoint < fleet.now() for j in fleet.jobs(hosts)):
+            return
+    raise AssertionError(f"no job came to {hosts}")
+
+
 class NoRuns:
     def dag_known(self, dag_id: str) -> bool:
         return True
@@ -166,3 +175,46 @@ def test_the_cli_refuses_a_bad_request_and_an_unknown_operation(tmp_path):
     missing = cli("op", "status", "outside/hw-repair/nope/pod-a")
     assert missing.returncode == 2 and "no outside operation" in missing.stderr
 
+
+
+def test_a_request_given_up_while_its_jobs_checkpoint_is_withdrawn_with_its_hosts_untouched(tmp_path):
+    """Granted, its jobs asked to checkpoint, nothing drained yet: the requester gives up (the page's return,
+    carried out by the next advance, as its run does). The lease is released, every host still serving."""
+    cfg, clock, fleet, ledger, _stop = world(tmp_path, **quiet())
+    busy(fleet, clock, ["hb1", "hb2"])
+    op, s = request(cfg, clock, fleet, ledger, ["hb1", "hb2"])
+    assert outside.advance(s)["phase"] == "checkpointing"
+    assert ledger.holdings(op) == {"hb1": op, "hb2": op}
+    with pytest.raises(outside.OutsideError, match="to_repair: .* is checkpointing, not handed over"):
+        outside.ask_return(ledger, op, to_repair=["hb1"], reason="changed our minds", actor="hwteam")
+    outside.ask_return(ledger, op, to_repair=[], reason="the vendor postponed the swap", actor="hwteam")
+    # a driver restarted after a crash sees the same thing: a fresh Stop over the same ledger
+    again = outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock)
+    assert outside.advance(again) == {"phase": "withdrawn"}
+    assert outside.advance(again) == {"phase": "withdrawn"}  # idempotent
+    assert {h.state for h in fleet.hosts(["hb1", "hb2"])} == {HostState.SERVING}
+    assert ledger.holdings() == {} and ledger.operation(op)["state"] == "done"
+    assert outside.status(ledger, op)["phase"] == "withdrawn"
+    assert [r["actor"] for r in ledger.audit_rows(op, action="return_asked")] == ["hwteam"]
+
+
+def test_a_driver_that_died_mid_request_picks_up_where_it_stopped(tmp_path):
+    """Each step is found again by a fresh driver: asked to checkpoint once (the first request's time kept),
+    drained and handed over once; `give_back` after a crash in the middle of its check finishes it."""
+    cfg, clock, fleet, ledger, _stop = world(tmp_path, **quiet())
+    busy(fleet, clock, ["hc1", "hc2"])
+    op, s = request(cfg, clock, fleet, ledger, ["hc1", "hc2"])
+    assert outside.advance(s)["phase"] == "checkpointing"
+    asked = ledger.detail(op)["checkpoint_requested_at"]
+    fresh = outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock)
+    assert handed(fresh)["phase"] == "handed"
+    assert ledger.detail(op)["checkpoint_requested_at"] == asked
+    assert len(ledger.audit_rows(op, action="checkpoint_requested")) == 1
+    assert len(ledger.audit_rows(op, action="handed_to_requester")) == 1
+    ledger.set_detail(op, "phase", "returning")  # a give_back that died before its check
+    back = outside.give_back(outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock),
+                             to_repair=[], reason="cables replaced on both")
+    assert back["returned"] == 2 and ledger.operation(op)["state"] == "done"
+    again = outside.give_back(outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock),
+                              to_repair=[], reason="cables replaced on both")
+    assert again == {"checked": 0, "passed": 0, "returned": 0, "to_repair": []}

@@ -422,9 +422,13 @@ def test_outside_work_and_run_reports_are_on_the_page(world, auth) -> None:
     cfg, fleet, ledger, client = world
     req = outside.parse_request(cfg, hosts=["gpu-c01"], kind="hw-repair", reason="replace the NIC on c01")
     op = outside.open_request(cfg, ledger, req, actor="hwteam")
+    assert ledger.acquire_domain("demo/run-1/pod-a", train="demo", domain="pod-a",
+                                 hosts=list(cfg.domain("pod-a").hosts), budget=budget_for(cfg)).granted
+    assert outside.advance(outside.stop_of(cfg, fleet, ledger, op))["phase"] == "queued"  # behind pod-a's stop
     ops = client.get("/api/operations", headers=as_(auth, "viewer")).json()["operations"]
     [mine] = [o for o in ops if o["id"] == op]
     assert mine["kind"] == "outside" and mine["requester"] == "hwteam" and mine["phase"] == "queued", mine
+    assert mine["place"] == 1, mine
     assert client.get("/api/runs", headers=as_(auth, "viewer")).json() == []
     ledger.save_report(runreport.build(ledger, train="demo", run_id="manual__1", dag_id="railyard_train_demo",
                                        triggered_by="admin"))

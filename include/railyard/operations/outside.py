@@ -132,6 +132,7 @@ def advance(stop: Stop) -> dict[str, Any]:
     if not stop.held():
         d = stop.take()
         if not d.granted:
+            led.set_detail(op_id, "why", d.reason)  # for `op status` and the page (a freeze writes no waiter)
             return {"phase": "queued", "why": d.reason}
     _jobs, since = stop.request_checkpoints()  # asked once; a retry finds the first request's time
     asked = float(led.set_detail_once(op_id, "checkpoint_asked_wall", time.time()))  # type: ignore[arg-type]
@@ -144,6 +145,7 @@ def advance(stop: Stop) -> dict[str, Any]:
             raise StopError(f"{op_id}: jobs did not checkpoint within checkpoint_wait_s="
                             f"{stop.timeouts.checkpoint_wait_s:.0f}s: {', '.join(stale)}; the hosts are held, "
                             "not drained: run it again, or `railyard lease release` the request")
+        led.set_detail(op_id, "why", f"waiting for checkpoints of {', '.join(stale)}")
         return {"phase": "checkpointing", "why": f"waiting {waited:.0f}s so far for checkpoints of {', '.join(stale)}"}
     stop.drain()
     held = stop.held()
@@ -258,11 +260,13 @@ def status(ledger: Ledger, op_id: str) -> dict[str, Any]:
     phase_now = detail.get("phase", "queued")
     if op["state"] == "done" and phase_now not in ("withdrawn", "returned"):
         phase_now = "returned"
-    last_wait = next((r["reason"] for r in reversed(ledger.audit_rows(op_id, limit=None, action="wait"))), None)
+    last_wait = detail.get("why") or next((r["reason"] for r in reversed(ledger.audit_rows(op_id, limit=None,
+                                                                                           action="wait"))), None)
     return {"op": op_id, "state": op["state"], "phase": phase_now, "request": detail["request"],
             "requester": detail.get("actor"), "deadline_at": detail.get("deadline_at"),
             "held": sorted(ledger.holdings(op_id)), "waiting": op_id in line,
-            "place": line.index(op_id) + 1 if op_id in line else None, "why": last_wait,
+            "place": line.index(op_id) + 1 if op_id in line else None,
+            "why": last_wait if phase_now in ("queued", "checkpointing") else None,
             "return_asked": detail.get("return_asked"), "escalated": detail.get("escalated") is not None,
             "domains_out": ledger.domains_out()}
 

@@ -190,6 +190,8 @@ def releases(config: RailyardConfig, ledger: Ledger, hosts: list[Host], now: flo
 
 def operations(ledger: Ledger) -> dict[str, Any]:
     ops = []
+    waiting = [dict(w) for w in ledger.waiting()]  # in line: emergencies first, then by arrival
+    place = {w["op_id"]: i + 1 for i, w in enumerate(waiting)}
     for o in ledger.active_operations():
         last = o.get("last") or {}
         detail = o.get("detail") or {}
@@ -197,9 +199,10 @@ def operations(ledger: Ledger) -> dict[str, Any]:
                     "run": run_link(o), "last": {k: last.get(k) for k in ("action", "reason", "actor", "at")},
                     # outside work: who asked, what for, and where it stands (queued, handed)
                     "requester": detail.get("actor") if o["kind"] == "outside" else None,
-                    "phase": detail.get("phase") if o["kind"] == "outside" else None})
+                    "phase": detail.get("phase") if o["kind"] == "outside" else None,
+                    "place": place.get(o["id"])})
     sw = ledger.switch("freeze")
-    return {"operations": ops, "waiting": [dict(w) for w in ledger.waiting()],
+    return {"operations": ops, "waiting": waiting,
             "freeze": {"on": sw is not None, **{k: (sw or {}).get(k) for k in ("reason", "actor", "at")}}}
 
 

@@ -218,3 +218,20 @@ def test_a_driver_that_died_mid_request_picks_up_where_it_stopped(tmp_path):
     again = outside.give_back(outside.stop_of(cfg, fleet, ledger, op, sleep=clock.advance, clock=clock),
                               to_repair=[], reason="cables replaced on both")
     assert again == {"checked": 0, "passed": 0, "returned": 0, "to_repair": []}
+
+
+def test_a_vanished_requester_s_hosts_go_to_repair_by_hand_with_lease_release(tmp_path):
+    """`railyard lease release --to-repair` on an outside operation: refused without it while the hosts are out;
+    with it, each host goes to a repair operation of its own (back through the repair gate), the lease ends."""
+    from railyard.operations.ops import ControlError, release_lease
+
+    cfg, clock, fleet, ledger, _stop = world(tmp_path, **quiet())
+    op, s = request(cfg, clock, fleet, ledger, ["hc1", "hc2"], deadline_h=1)
+    assert handed(s)["phase"] == "handed"
+    with pytest.raises(ControlError, match="out of service"):
+        release_lease(cfg, fleet, ledger, op, reason="the hw team never came back", actor="oncall", runs=NoRuns())
+    out = release_lease(cfg, fleet, ledger, op, reason="the hw team never came back", actor="oncall",
+                        runs=NoRuns(), to_repair=True)
+    assert sorted(out["to_repair"]) == ["hc1", "hc2"] and not ledger.holdings(op), out
+    assert {h.state for h in fleet.hosts(["hc1", "hc2"])} == {HostState.REPAIR}
+    assert all(v.startswith("repair/") for v in ledger.holdings().values())

@@ -104,8 +104,9 @@ def stop_of(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op_id: str, **
         raise OutsideError([f"op: no outside operation {shown(op_id)} (`railyard ops` lists them)"])
     detail = json.loads(op["detail"] or "{}")
     req = detail["request"]
+    kw.setdefault("actor", f"outside:{detail['actor']}")  # or whoever acts on it by hand
     return Stop(config=config, train=_train(req), domain=config.domain(req["domain"]), op_id=op_id, fleet=fleet,
-                ledger=ledger, kind=KIND_OF_OP, scope=list(req["hosts"]), actor=f"outside:{detail['actor']}", **kw)
+                ledger=ledger, kind=KIND_OF_OP, scope=list(req["hosts"]), **kw)
 
 
 PHASES = ("queued", "checkpointing", "handed", "returning", "returned")

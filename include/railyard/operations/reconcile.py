@@ -74,6 +74,10 @@ def stop_for(config: RailyardConfig, fleet: Fleet, ledger: Ledger, op: dict[str,
         if stop is None:
             raise ReconcileError(f"{op['id']}: its emergency run recorded no plan for {op['domain']}")
         return stop
+    if op["kind"] == "outside":  # another team's work (railyard.operations.outside): its own hosts, no release
+        from railyard.operations import outside
+
+        return outside.stop_of(config, fleet, ledger, op["id"], **kw)
     if op["kind"] != "train_stop":
         raise ReconcileError(f"{op['id']}: a {op['kind']} operation is not a stop")
     try:

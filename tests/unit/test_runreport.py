@@ -66,6 +66,9 @@ def test_a_train_with_a_failed_check_reports_every_host_with_its_outcome(tmp_pat
     assert set(small["hosts"]) == {f"hb{i}" for i in range(1, 5)} and "railyard report t/r1" in small["hosts_left_out"]
     text = runreport.describe(r)
     assert "SUCCESS" in text and "8 upgraded" in text and "4 to repair" in text
+    # the same ledger, when no one could read the run's task states: not a success, unknown
+    blind = runreport.build(ledger, train="t", run_id="r1", triggered_by="alice", state="unknown")
+    assert blind["run"]["outcome"] == "unknown"
     assert all(f"hb{i} to repair: health check failed" in text for i in range(1, 5)), text
 
 

@@ -137,5 +137,6 @@ def _airflow_facts(context: Any) -> dict[str, Any]:
         facts["state"] = "failed" if facts["failed_tasks"] else "success"
     except Exception as exc:  # noqa: BLE001 - the report is written all the same, from the ledger alone
         logging.getLogger(__name__).warning("the run's task states could not be read (%s): the report is the "
-                                            "ledger's alone", type(exc).__name__)
+                                            "ledger's alone, its outcome unknown", type(exc).__name__)
+        facts["state"] = "unknown"  # fail closed: a run whose tasks no one could see is not called a success
     return facts

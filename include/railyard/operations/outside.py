@@ -272,10 +272,11 @@ def status(ledger: Ledger, op_id: str) -> dict[str, Any]:
             "domains_out": ledger.domains_out()}
 
 
-def overdue(ledger: Ledger, now: float) -> list[dict[str, Any]]:
-    """Active outside operations past their deadline that were not escalated yet."""
+def overdue(ledger: Ledger, now: float, *, active: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Active outside operations past their deadline that were not escalated yet (of `active`, when the caller
+    has just read them)."""
     out = []
-    for op in ledger.active_operations():
+    for op in ledger.active_operations() if active is None else active:
         if op["kind"] != KIND_OF_OP:
             continue
         d = op["detail"]

@@ -95,7 +95,8 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
     results: list[dict[str, Any]] = []
     known: dict[str, bool] = {}
     ended: dict[tuple[str, str], tuple[str, str]] = {}  # (train, run id) -> (dag id, state) of runs judged ended
-    for op in ledger.active_operations():
+    active = ledger.active_operations()
+    for op in active:
         if only is not None and op["id"] not in only:
             continue
         own = owner_of(op)
@@ -129,18 +130,18 @@ def reconcile(config: RailyardConfig, fleet: Fleet, ledger: Ledger, runs: RunOra
             continue
         results.append({"op": op["id"], "action": "closed", "why": why, "returned": out["returned"],
                         "to_repair": out["offboarded"], "released": not ledger.holdings(op["id"])})
-    return results + escalate_overdue(config, ledger, only) + report_ended(ledger, ended)
+    return results + escalate_overdue(config, ledger, only, active=active) + report_ended(ledger, ended)
 
 
-def escalate_overdue(config: RailyardConfig, ledger: Ledger, only: Collection[str] | None = None
-                     ) -> list[dict[str, Any]]:
+def escalate_overdue(config: RailyardConfig, ledger: Ledger, only: Collection[str] | None = None, *,
+                     active: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Outside operations past their deadline (a requester that vanished): escalated once each, never
     released: their hosts come back only through `railyard op return` or `railyard lease release`."""
     from railyard.operations import outside
     from railyard.operations.escalate import escalate
 
     out = []
-    for op in outside.overdue(ledger, time.time()):
+    for op in outside.overdue(ledger, time.time(), active=active):
         if only is not None and op["id"] not in only:
             continue
         who = op["detail"].get("actor") or "unknown"

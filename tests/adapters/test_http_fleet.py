@@ -17,7 +17,7 @@ import pytest
 import requests
 from pydantic import TypeAdapter
 
-from railyard.domain.models import Host, HostState, Step
+from railyard.domain.models import CheckResult, Host, HostState, Step
 from railyard.fleet import FleetNotFound
 from railyard.fleet.http import HttpFleet
 from railyard.fleet.port import Fleet, FleetError
@@ -510,6 +510,46 @@ def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_
     raw = requests.get(f"{sim_server.url}/v1/hosts", timeout=5)
     assert raw.headers[CURSOR_HEADER] and json.loads(raw.content) == TypeAdapter(list[Host]).dump_python(
         whole, mode="json")
+
+
+def test_polls_of_check_results_ask_only_for_what_changed(sim_server: SimServer) -> None:
+    """While a domain's checks run, each poll after the first gets back only the checks that changed (none
+    while they all run); what `check_results` returns is a full read's answer each time, also after a
+    restarted server forgets the cursor."""
+    from railyard.fleet.http import CHANGES_HEADER
+
+    fleet = HttpFleet(sim_server.url)
+    answered: list[tuple[bool, int, str | None]] = []
+    request = fleet.session.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        resp = request(method, url, **kw)
+        if url.endswith("/v1/checks/query"):
+            answered.append(("since" in kw["json"], len(resp.json()), resp.headers.get(CHANGES_HEADER)))
+        return resp
+
+    fleet.session.request = spy  # type: ignore[method-assign]
+    op = "op-checks-delta"
+
+    def full() -> list[CheckResult]:
+        return TypeAdapter(list[CheckResult]).validate_python(requests.post(
+            f"{sim_server.url}/v1/checks/query", json={"hosts": POD_B, "op": op}, timeout=5).json())
+
+    assert fleet.check_results(POD_B, op) == [] == full()
+    fleet.drain(POD_B, op)
+    wait_for("drain", all_in(fleet, POD_B, HostState.DRAINED))
+    fleet.start_checks({h: TARGETS for h in POD_B}, op)
+    first = fleet.check_results(POD_B, op)
+    assert first == full() and {r.status for r in first} == {"pending"} and len(first) == 4
+    assert answered[-1][0] and answered[-1][1] == 4  # the checks started since the first read: all four
+    assert fleet.check_results(POD_B, op) == full()
+    assert answered[-1][:2] == (True, 0) and answered[-1][2]  # nothing changed since: nothing sent
+    wait_for("checks", lambda: all(r.status != "pending" for r in fleet.check_results(POD_B, op)), timeout=30)
+    assert fleet.check_results(POD_B, op) == full()
+    sim_server.kill()
+    fleet.base_url = sim_server.start()  # another server: the cursor is not its own, its full answer counts
+    assert fleet.check_results(POD_B, op) == full()
+    assert answered[-1][2] is None
 
 
 def test_a_fleet_that_sends_no_cursor_is_read_whole_every_time() -> None:

@@ -526,6 +526,40 @@ def test_reads_of_what_changed_since_a_cursor_always_add_up_to_a_full_read(clock
         assert sim.host_changes(None, bad)[2] is False
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_reads_of_check_results_by_changes_add_up_to_a_full_read(clock: FakeClock, seed: int) -> None:
+    """A reader keeps its view of a domain's check results (of each operation) by `check_changes` alone: after
+    every change of any kind, it equals a full read; an answer holds only checks that changed since."""
+    import json
+
+    sim = SimEngine(small_config(host_failure_per_hour=2.0, upgrade_fail_rate=0.2, check_fail_rate=0.2), None,
+                    clock=clock)
+    rng = random.Random(seed)
+    names = [h.name for h in sim.hosts()]
+    views: dict[str, tuple[str, dict[str, Any]]] = {}
+    for op in ("op-1", "op-2", "op-3"):
+        cursor, content, delta = sim.check_changes(names, op, None)
+        assert not delta and json.loads(content) == []
+        views[op] = (cursor, {})
+    sim.drain(names[:4], "op-1")  # a domain being checked as the walk begins, its results on their way
+    clock.fleet(600)
+    sim.start_checks({h: dict(TARGETS) for h in names[:4]}, "op-1")
+
+    def check_views() -> None:
+        for op, (cursor, seen) in list(views.items()):
+            full = {r["host"]: r for r in json.loads(sim.check_results_json(names, op))}
+            new_cursor, content, delta = sim.check_changes(names, op, cursor)
+            assert delta
+            merged = seen | {r["host"]: r for r in json.loads(content)}
+            assert merged == full
+            views[op] = (new_cursor, merged)
+            assert sim.check_changes(names, op, new_cursor)[1] == b"[]"  # nothing changed since: nothing sent
+
+    _random_world_steps(sim, clock, rng, 60, check_views)
+    assert any(seen for _c, seen in views.values())  # some checks were run and seen
+    assert sim.check_changes(names, "op-1", "nonsense")[2] is False
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_what_is_saved_row_by_row_is_the_world_after_any_sequence_of_changes(
         clock: FakeClock, tmp_path: Path, seed: int) -> None:

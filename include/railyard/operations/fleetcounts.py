@@ -16,14 +16,19 @@ def fleet_counts(hosts: Iterable[Host], now: float, held: Collection[str] = ()) 
     """One read of the fleet as the rows `Ledger.record_fleet_counts` keeps: hosts by (sku, state), hosts by
     (component, version), hosts out of service that no operation holds by SKU (an admin's drain, a host down
     by itself: they count against the maintenance buffer too), and the fleet's clock at the read."""
+    hosts = list(hosts)
+    # counted by what hosts share (a SKU and a state; a whole set of versions, the same on most of a fleet),
+    # then spread: a 76,800-host read costs one tuple per host, not a counter update per version
+    by_state = Counter((h.sku, h.state) for h in hosts)
     states: Counter[tuple[str, str]] = Counter()
+    for (sku, state), n in by_state.items():
+        states[(sku, state.value)] += n
     versions: Counter[tuple[str, str]] = Counter()
-    unheld: Counter[str] = Counter()
-    for h in hosts:
-        states[(h.sku, h.state.value)] += 1
-        versions.update(h.versions.items())
-        if h.state != HostState.SERVING and h.state not in BROKEN_STATES and h.name not in held:
-            unheld[h.sku] += 1
+    for items, n in Counter(tuple(h.versions.items()) for h in hosts).items():
+        for cv in items:
+            versions[cv] += n
+    unheld: Counter[str] = Counter(h.sku for h in hosts if h.state != HostState.SERVING
+                                   and h.state not in BROKEN_STATES and h.name not in held)
     return ([("state", sku, st, float(n)) for (sku, st), n in sorted(states.items())]
             + [("version", c, v, float(n)) for (c, v), n in sorted(versions.items())]
             + [("unheld_out", sku, "", float(n)) for sku, n in sorted(unheld.items())]

@@ -115,6 +115,8 @@ class HostsQuery(NamesQuery):
 class ChecksQuery(Body):
     hosts: list[Token] = Field(description="host names")
     op: OpId
+    since: Cursor | None = Field(default=None, description="a cursor an earlier read answered "
+                                 f"(header {CURSOR_HEADER}): only the checks changed since then")
 
 
 class JobPatch(Body):
@@ -269,7 +271,9 @@ def _bulk(v1: APIRouter, engine: SimEngine) -> None:
 
     @v1.post("/checks/query", response_model=list[CheckResult], summary="Latest check per host for an operation")
     def checks_query(body: ChecksQuery) -> Any:
-        return Response(content=engine.check_results_json(body.hosts, body.op), media_type="application/json")
+        cursor, content, delta = engine.check_changes(body.hosts, body.op, body.since)
+        headers = {CURSOR_HEADER: cursor} | ({CHANGES_HEADER: body.since} if delta and body.since else {})
+        return Response(content=content, media_type="application/json", headers=headers)
 
     @v1.post("/hosts/upgrade", response_model=Count, summary="Start the upgrades of many drained hosts")
     def upgrade_hosts(body: UpgradesRequest) -> Any:

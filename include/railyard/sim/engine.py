@@ -307,6 +307,7 @@ class SimEngine:
         self._seq = 0
         self._host_rev: dict[str, int] = {}
         self._host_log: list[tuple[int, str]] = []
+        self._check_rev: dict[str, int] = {}  # "host\top" -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, tuple[str, bytes]] = {}  # name -> (snapshot JSON, API JSON), until it changes
         # What the clock waits for, kept as objects change: each host's and job's next event time, and a heap
@@ -530,6 +531,17 @@ class SimEngine:
             if c is not None:
                 rows.append({"host": c.host, "status": c.status, "reason": c.reason, "versions": c.versions})
         return _encode(rows)
+
+    @_locked
+    def check_changes(self, hosts: list[str], op: str, since: str | None) -> tuple[str, bytes, bool]:
+        """(cursor, JSON array of check results, delta), as `host_changes` is for hosts: the latest check per
+        host of `hosts` for `op` that changed after `since`; all of them when `since` is not this engine's."""
+        cursor = f"{self._epoch}.{self._seq}"
+        after = self._cursor_seq(since)
+        if after is None:
+            return cursor, self.check_results_json(hosts, op), False
+        changed = [n for n in (self._host(h).name for h in hosts) if self._check_rev.get(f"{n}\t{op}", 0) > after]
+        return cursor, self.check_results_json(changed, op), True
 
     @_locked
     def return_to_service(self, hosts: list[str], op: str) -> None:
@@ -979,6 +991,8 @@ class SimEngine:
                     self._pending.add(key)
                 else:
                     self._pending.discard(key)
+            else:
+                self._check_rev[key] = self._seq
         self._unsaved |= self._touched
         self._touched.clear()
         self._gen += 1  # what is derived from the hosts (the fleet's JSON, the picture) is made again

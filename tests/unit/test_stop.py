@@ -519,6 +519,28 @@ def test_an_emergency_takes_over_a_stop_that_has_not_drained_yet(tmp_path):
     assert fleet.audit()["refusals"] == [] and ledger.holdings() == {}
 
 
+def test_a_takeover_that_races_the_train_s_drain_is_adopted_in_the_fleet(tmp_path):
+    """The emergency takes the lease while the train's drain is on its way: the fleet had nothing to hand over
+    then, and the train's drain lands under the train's operation. The emergency's upgrade finds the hosts held
+    by it in the ledger and by the train in the fleet, hands the fleet's record over, and finishes its stop;
+    before, its upgrade was refused until it gave up."""
+    cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
+    a = stop()
+    assert a.take().granted
+    wait_checkpoints(a, clock)
+    hosts = list(cfg.domain("pod-a").hosts)
+    e = emergency("pod-a")
+    assert e.take().granted and ledger.holdings() == {h: e.op_id for h in hosts}
+    fleet.drain(hosts, a.op_id)  # the train's drain, begun before the takeover, lands after it
+    full_stop_after_take(e, clock)
+    after = fleet.hosts(hosts)
+    assert all(h.state == HostState.SERVING and h.versions["gpu-driver"] == "575.1" for h in after), after
+    returns = [r for r in fleet.audit()["returns"] if r["host"] in hosts]
+    assert len(returns) == 4 and all(r["verified"] and r["op"] == e.op_id for r in returns)
+    assert {h for r in ledger.audit_rows(e.op_id, action="adopted") for h in r["hosts"]} == set(hosts)
+    assert ledger.holdings() == {}
+
+
 def test_a_train_comes_back_for_a_domain_an_emergency_took_over(tmp_path):
     cfg, clock, fleet, ledger, stop, emergency = emergency_world(tmp_path)
     a = stop()

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
@@ -61,6 +62,30 @@ class _Auth(AuthBase):
 
     def __repr__(self) -> str:
         return f"<{self.scheme} auth>"
+
+
+def _keep_view(views: OrderedDict[Any, tuple[str, dict[str, T]]], key: Any, view: tuple[str, dict[str, T]] | None,
+               since: str | None, resp: Any, got: dict[str, T], asked: Collection[str] | None,
+               where: str) -> dict[str, T]:
+    """The view of `key` after an answer `got` (by name) to a read that sent `since`: the view with the
+    answer's entries when the server says it holds only what changed since (it echoes `since`), else the answer
+    itself. Kept under the answer's cursor (the least recent views dropped); forgotten when it sent none."""
+    if view is not None and since is not None and resp.headers.get(CHANGES_HEADER) == since:
+        if asked is not None and not set(got) <= set(asked):
+            raise FleetError(f"{where} answered hosts it was not asked for")
+        merged = dict(view[1])
+        merged.update(got)
+    else:
+        merged = got
+    cursor = resp.headers.get(CURSOR_HEADER)
+    if cursor:
+        views[key] = (cursor, merged)  # replaced whole, never changed in place
+        views.move_to_end(key)
+        while len(views) > VIEWS_KEPT:
+            views.popitem(last=False)
+    else:
+        views.pop(key, None)
+    return merged
 
 
 class HttpFleet:
@@ -144,21 +169,8 @@ class HttpFleet:
             body: dict[str, Any] = {"names": list(names)} | ({"since": since} if since else {})
             resp = self._call("POST", path, body=body, raw=True)
         got = self._parse(_HOSTS, resp.content, path)
-        if view is not None and resp.headers.get(CHANGES_HEADER) == since:  # only what changed since
-            if key is not None and not {h.name for h in got} <= set(key):
-                raise FleetError(f"fleet at {self.base_url}: POST {path} answered hosts it was not asked for")
-            by_name = dict(view[1])
-            by_name.update((h.name, h) for h in got)
-        else:
-            by_name = {h.name: h for h in got}
-        cursor = resp.headers.get(CURSOR_HEADER)
-        if cursor:
-            self._views[key] = (cursor, by_name)
-            self._views.move_to_end(key)
-            while len(self._views) > VIEWS_KEPT:
-                self._views.popitem(last=False)
-        else:
-            self._views.pop(key, None)
+        by_name = _keep_view(self._views, key, view, since, resp, {h.name: h for h in got}, names,
+                             f"fleet at {self.base_url}: POST {path}")
         if names is None:
             return list(by_name.values())
         try:
@@ -210,21 +222,8 @@ class HttpFleet:
         resp = self._call("POST", path, body={"hosts": list(hosts), "op": op} | ({"since": since} if since else {}),
                           raw=True)
         got = self._parse(_CHECKS, resp.content, path)
-        if view is not None and resp.headers.get(CHANGES_HEADER) == since:
-            if not {r.host for r in got} <= set(hosts):
-                raise FleetError(f"fleet at {self.base_url}: POST {path} answered hosts it was not asked for")
-            by_host = dict(view[1])
-            by_host.update((r.host, r) for r in got)
-        else:
-            by_host = {r.host: r for r in got}
-        cursor = resp.headers.get(CURSOR_HEADER)
-        if cursor:
-            self._check_views[key] = (cursor, by_host)
-            self._check_views.move_to_end(key)
-            while len(self._check_views) > VIEWS_KEPT:
-                self._check_views.popitem(last=False)
-        else:
-            self._check_views.pop(key, None)
+        by_host = _keep_view(self._check_views, key, view, since, resp, {r.host: r for r in got}, hosts,
+                             f"fleet at {self.base_url}: POST {path}")
         return [by_host[h] for h in hosts if h in by_host]
 
     def return_to_service(self, hosts: list[str], op: str) -> None:

@@ -505,7 +505,7 @@ class Stop:
         """The held hosts `names` as the fleet has them, once any it put back in service (a Slurm controller
         restart loses drains) is drained again: nothing is installed on or checked on a serving host. One
         read of the fleet when no drain was lost."""
-        now = self.fleet.hosts(names)
+        now = self._adopt(self.fleet.hosts(names))
         lost = [h.name for h in now if h.state == HostState.SERVING]
         if not lost:
             return now
@@ -519,6 +519,29 @@ class Stop:
         self.ledger.note(self.op_id, "drain_again", lost, f"{self.kind} {self.train.id}", actor=self.actor)
         self._wait_drained(names)
         return self.fleet.hosts(names)
+
+    def _adopt(self, hosts: list[Host]) -> list[Host]:
+        """`hosts` as the fleet has them, once those this operation holds in the ledger but the fleet still
+        names another operation for are handed over in the fleet too: a takeover that raced the other
+        operation's drain (the emergency took the lease while the train's drain was on its way, so the fleet
+        had nothing to hand over then). The ledger's lease is the truth; the other operation holds none of them."""
+        strays: dict[str, list[str]] = {}
+        for h in hosts:
+            if h.operation is not None and h.operation != self.op_id:
+                strays.setdefault(h.operation, []).append(h.name)
+        if not strays:
+            return hosts
+        holders = self.ledger.holdings()
+        moved = False
+        for src, names in sorted(strays.items()):
+            mine = [n for n in names if holders.get(n) == self.op_id]
+            if mine:
+                self.fleet.handover(mine, src, self.op_id)
+                self.ledger.note(self.op_id, "adopted", mine, f"the fleet still named {src}, which holds no lease "
+                                 "on them any more (its drain raced the takeover)", actor=self.actor)
+                self.say(f"{self.domain.name}: {', '.join(mine)} handed over from {src} in the fleet too")
+                moved = True
+        return self.fleet.hosts([h.name for h in hosts]) if moved else hosts
 
     def _wait_drained(self, names: list[str]) -> None:
         """Until none of `names` serves or drains."""

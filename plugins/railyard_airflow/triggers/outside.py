@@ -6,7 +6,6 @@ RAILYARD_LEDGER_URL, as the task's did."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from railyard_airflow.hooks.fleet import FleetHook
+from railyard_airflow.triggers.stop import poll_until_event
 
 
 class OutsideTrigger(BaseTrigger):
@@ -81,16 +81,6 @@ class OutsideTrigger(BaseTrigger):
         await super().cleanup()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        while True:
-            try:
-                event = await asyncio.to_thread(self.probe)
-            except Exception as exc:  # the fleet or ledger is briefly unreachable: keep waiting
-                self.log.warning("probe failed, will retry: %s", exc)
-                event = None
-            if event is None and time.time() >= self.kw["deadline"]:
-                event = {"status": "timeout", "message": f"deadline passed while waiting ({self.last or 'no answer'})"}
-            if event is not None:  # the task resumes from the event alone: it says which request, and its deadline
-                yield TriggerEvent(event | {"op_id": self.kw["op_id"],  # type: ignore[no-untyped-call]
-                                            "deadline": self.kw["deadline"]})
-                return
-            await asyncio.sleep(self.kw["poll_interval"])
+        # the task resumes from the event alone: it says which request, and its deadline
+        async for event in poll_until_event(self, {"op_id": self.kw["op_id"], "deadline": self.kw["deadline"]}):
+            yield event

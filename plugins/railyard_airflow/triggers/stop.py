@@ -21,6 +21,25 @@ from railyard.operations.stop import Stop
 from railyard_airflow.hooks.fleet import FleetHook
 
 
+async def poll_until_event(trigger: Any, extra: dict[str, Any] | None = None) -> AsyncIterator[TriggerEvent]:
+    """A trigger's loop: `trigger.probe()` (in a thread) every `kw["poll_interval"]` seconds until it answers
+    an event, or `kw["deadline"]` passes (a "timeout" event saying what it last saw, `trigger.last`); a probe
+    that raises (the fleet or ledger briefly unreachable) is retried. The event carries `extra`."""
+    while True:
+        try:
+            event = await asyncio.to_thread(trigger.probe)
+        except Exception as exc:  # the fleet or ledger is briefly unreachable: keep waiting
+            trigger.log.warning("probe failed, will retry: %s", exc)
+            event = None
+        if event is None and time.time() >= trigger.kw["deadline"]:
+            last = getattr(trigger, "last", None) or "no answer yet"
+            event = {"status": "timeout", "message": f"deadline passed while waiting ({last})"}
+        if event is not None:
+            yield TriggerEvent(event | (extra or {}))  # type: ignore[no-untyped-call]
+            return
+        await asyncio.sleep(trigger.kw["poll_interval"])
+
+
 class _PollingTrigger(BaseTrigger):
     def __init__(self, *, train_id: str, domain: str, run_id: str, config_path: str, deadline: float,
                  fleet_conn_id: str = FleetHook.default_conn_name, ledger_url: str | None = None,
@@ -73,21 +92,8 @@ class _PollingTrigger(BaseTrigger):
         raise NotImplementedError
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        while True:
-            try:
-                event = await asyncio.to_thread(self.probe)
-            except Exception as exc:  # the fleet or ledger is briefly unreachable: keep waiting
-                self.log.warning("probe failed, will retry: %s", exc)
-                event = None
-            if event is not None:
-                yield TriggerEvent(event)  # type: ignore[no-untyped-call]
-                return
-            if time.time() >= self.kw["deadline"]:
-                last = getattr(self, "last", None) or "no answer yet"
-                yield TriggerEvent({"status": "timeout",  # type: ignore[no-untyped-call]
-                                    "message": f"deadline passed while waiting ({last})"})
-                return
-            await asyncio.sleep(self.kw["poll_interval"])
+        async for event in poll_until_event(self):
+            yield event
 
 
 class BufferCapacityTrigger(_PollingTrigger):

@@ -92,7 +92,7 @@ def test_the_values_are_the_ledgers_and_the_last_read_of_the_fleet(world) -> Non
     assert value(before, "railyard_domain_out", domain="pod-b", op_kind="train_stop") == 1
     assert value(before, "railyard_hosts_leased", op_kind="train_stop") == 4
     assert "railyard_fleet_counts_age_seconds" not in {k[0] for k in samples(before)}
-    record_fleet(fleet, ledger)
+    record_fleet(fleet, ledger, cfg)
     text = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     sku = cfg.domains[0].sku
     assert value(text, "railyard_hosts", sku=sku, state="serving") == 7
@@ -127,7 +127,7 @@ def test_no_series_grows_with_the_number_of_hosts(tmp_path) -> None:
         d = cfg.domains[1]
         assert ledger.acquire_domain("demo/r/x", train="demo", domain=d.name, hosts=list(d.hosts),
                                      budget=budget_for(cfg)).granted
-        record_fleet(fleet, ledger)
+        record_fleet(fleet, ledger, cfg)
         counts.append(len(samples(render(cfg, ledger).decode())))
     assert counts[0] == counts[1] > 30
 
@@ -152,7 +152,7 @@ def test_an_offboards_reason_names_one_of_a_few_checks(reason: str, check: str) 
 def test_promtool_accepts_a_scrape(world) -> None:
     assert shutil.which("promtool"), "promtool: scripts/setup-deps installs Debian's prometheus package"
     cfg, fleet, ledger, client = world
-    record_fleet(fleet, ledger)
+    record_fleet(fleet, ledger, cfg)
     text = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
     out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -180,7 +180,7 @@ def test_the_rules_and_the_dashboard_name_only_metrics_a_scrape_has(world) -> No
             ledger.release("demo/r/pod-a")
             assert ledger.finish_operation("demo/r/pod-a", reason="its stop is done")
     ledger.note("demo/r/pod-b", "offboard", ["gpu-b01"], "health check failed: XID 79 on GPU 3")
-    record_fleet(fleet, ledger)
+    record_fleet(fleet, ledger, cfg)
     names = {k[0] for k in samples(client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text)}
     rules = yaml.safe_load((MONITORING / "railyard-rules.yml").read_text())
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]

@@ -4,7 +4,7 @@ visits, capacity samples, release phases and results, verifications."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -133,19 +133,31 @@ class Records(LedgerBase):
         with self.engine.begin() as c:
             c.execute(insert(capacity_samples).values(at=at, serving=serving, total=total, op_id=op_id))
 
-    def record_fleet_counts(self, rows: list[tuple[str, str, str, float]], at: float) -> None:
-        """Replace the fleet's counts (kind, a, b, n) with those of one read, in one transaction."""
+    def record_fleet_counts(self, rows: list[tuple[str, str, str, str, float]], at: float,
+                            domains: Collection[str] | None = None) -> None:
+        """Replace the counts (domain, kind, a, b, n) with those of one read, in one transaction: every domain's
+        (`domains` None: a read of the whole fleet), or only those of `domains` and the clock."""
         with self.engine.begin() as c:
-            c.execute(delete(fleet_counts))
+            if domains is None:
+                c.execute(delete(fleet_counts))
+            else:
+                c.execute(delete(fleet_counts).where(fleet_counts.c.domain.in_(sorted(domains))
+                                                     | (fleet_counts.c.kind == "clock")))
             if rows:
-                c.execute(insert(fleet_counts), [{"kind": k, "a": a, "b": b, "n": n, "at": at} for k, a, b, n in rows])
+                c.execute(insert(fleet_counts), [{"domain": d, "kind": k, "a": a, "b": b, "n": n, "at": at}
+                                                 for d, k, a, b, n in rows])
 
     def fleet_counts(self) -> tuple[list[tuple[str, str, str, float]], float | None]:
-        """The last read's counts, and when it was taken (None: never)."""
+        """The counts (kind, a, b, n), summed over the domains (the clock: its latest reading), and when the
+        oldest of them was read (None: never)."""
         with self.engine.connect() as c:
             rows = c.execute(select(fleet_counts.c.kind, fleet_counts.c.a, fleet_counts.c.b, fleet_counts.c.n,
-                                    fleet_counts.c.at)).all()
-        return [(k, a, b, n) for k, a, b, n, _ in rows], (max(r[4] for r in rows) if rows else None)
+                                    fleet_counts.c.at)).tuples().all()
+        summed: dict[tuple[str, str, str], float] = {}
+        for k, a, b, n, _at in rows:
+            key = (k, a, b)
+            summed[key] = n if k == "clock" else summed.get(key, 0.0) + n
+        return [(*key, n) for key, n in sorted(summed.items())], (min(r[4] for r in rows) if rows else None)
 
     def oldest_leases(self) -> dict[str, float]:
         """Per kind of lease (train_stop, emergency, repair, ...): when the oldest one held now was taken."""

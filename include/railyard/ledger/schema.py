@@ -142,12 +142,15 @@ capacity_samples = Table(
 )
 
 
-# The fleet's hosts counted by (sku, state) and by (component, version), as a task last read them (after each
-# drain and return, and each reconcile): what `/railyard/metrics` serves without asking the fleet at each scrape.
+# The fleet's hosts counted by (sku, state) and by (component, version), per domain, as a task last read them (a
+# stop's drain and return its own domain's, each reconcile the whole fleet's): what `/railyard/metrics` serves
+# without asking the fleet at each scrape. (Ledgers made before counts were kept per domain also hold an unused
+# table `fleet_counts`.)
 fleet_counts = Table(
-    "fleet_counts",
+    "fleet_domain_counts",
     metadata,
-    Column("kind", String(16), primary_key=True),  # state | version | clock
+    Column("domain", String(128), primary_key=True),  # "" for hosts no domain names, and the clock
+    Column("kind", String(16), primary_key=True),  # state | version | unheld_out | clock
     Column("a", String(128), primary_key=True),  # sku | component
     Column("b", String(128), primary_key=True),  # state | version
     Column("n", Float, nullable=False),

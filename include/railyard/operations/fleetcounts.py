@@ -1,19 +1,25 @@
-"""The fleet's hosts counted for the metrics (railyard.operations.metrics): read once by a write path's step
-(a stop's drain and return, a reconcile) and kept in the ledger, so that a scrape never asks the fleet."""
+"""The fleet's hosts counted for the metrics (railyard.operations.metrics): read by a write path's step and kept
+in the ledger, so that a scrape never asks the fleet. The counts are kept per domain: a stop's drain and return
+read and replace only their own domain's (what they changed), a reconcile the whole fleet's, so a stop's cost
+does not grow with the fleet around it."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from railyard.domain.config import DomainSpec, RailyardConfig
 from railyard.domain.models import BROKEN_STATES, Host, HostState
 from railyard.ledger import Ledger
 
+Row = tuple[str, str, str, float]  # kind, a, b, n: what `Ledger.fleet_counts` gives back, summed over domains
+NO_DOMAIN = ""  # the key of hosts the fleet has that no domain of the config names (and of the clock)
 
-def fleet_counts(hosts: Iterable[Host], now: float, held: Collection[str] = ()) -> list[tuple[str, str, str, float]]:
-    """One read of the fleet as the rows `Ledger.record_fleet_counts` keeps: hosts by (sku, state), hosts by
+
+def fleet_counts(hosts: Iterable[Host], now: float, held: Collection[str] = ()) -> list[Row]:
+    """One read of hosts as the rows `Ledger.record_fleet_counts` keeps: hosts by (sku, state), hosts by
     (component, version), hosts out of service that no operation holds by SKU (an admin's drain, a host down
     by itself: they count against the maintenance buffer too), and the fleet's clock at the read."""
     hosts = list(hosts)
@@ -35,7 +41,28 @@ def fleet_counts(hosts: Iterable[Host], now: float, held: Collection[str] = ()) 
             + [("clock", "fleet", "now", now)])
 
 
-def record_fleet(fleet: Any, ledger: Ledger) -> None:
-    """Read the fleet once and keep its counts in the ledger, for the metrics (a write path's step only)."""
-    hosts = fleet.hosts()
-    ledger.record_fleet_counts(fleet_counts(hosts, fleet.now(), set(ledger.holdings())), time.time())
+def domain_counts(groups: dict[str, list[Host]], now: float, held: Collection[str]) -> list[tuple[str, str, str, str,
+                                                                                                   float]]:
+    """`fleet_counts` of each domain's hosts, as (domain, kind, a, b, n), and the clock once (NO_DOMAIN)."""
+    rows = [(d, *row) for d, hosts in sorted(groups.items()) for row in fleet_counts(hosts, now, held)
+            if row[0] != "clock"]
+    return [*rows, (NO_DOMAIN, "clock", "fleet", "now", now)]
+
+
+def record_fleet(fleet: Any, ledger: Ledger, config: RailyardConfig, domain: DomainSpec | None = None) -> None:
+    """Read the fleet once and keep its counts in the ledger, for the metrics (a write path's step only).
+    With `domain`, only that domain's hosts are read and only its counts replaced, once the whole fleet has been
+    read (until then the metrics would count one domain as the fleet)."""
+    if domain is not None and ledger.fleet_counts()[1] is None:
+        domain = None
+    if domain is not None:
+        hosts = fleet.hosts(list(domain.hosts))
+        groups = {domain.name: hosts}
+    else:
+        domain_of = config.host_domain()
+        groups = defaultdict(list)
+        for h in fleet.hosts():
+            groups[domain_of.get(h.name, NO_DOMAIN)].append(h)
+    held = set(ledger.holdings())  # every lease: at most the domains out and the hosts in repair
+    ledger.record_fleet_counts(domain_counts(groups, fleet.now(), held), time.time(),
+                               domains=None if domain is None else [domain.name])

@@ -1,7 +1,7 @@
 """Railyard's Prometheus metrics, from the ledger's database only: every api-server replica that reads the same
 database answers the same, and a scrape never asks the fleet. The hosts' states and versions are those a task
-last read (`record_fleet_counts`: after each drain and return of a stop, and each reconcile);
-`railyard_fleet_counts_age_seconds` says how old they are.
+last read (`record_fleet_counts`: a domain's after each drain and return of its stop, the whole fleet's at each
+reconcile); `railyard_fleet_counts_age_seconds` says how old the oldest of them is.
 
 No metric has a host label: a fleet of 75,000 hosts costs the same series as one of 64.
 """
@@ -98,8 +98,8 @@ class RailyardCollector(Collector):
         yield by_state
         yield at_version
         age = GaugeMetricFamily("railyard_fleet_counts_age_seconds",
-                                "Seconds since a task last read the fleet's hosts (the hosts metrics' age); "
-                                "absent before the first read")
+                                "Seconds since the oldest read of the hosts the host metrics count (a domain's "
+                                "at its stop, the whole fleet's at a reconcile); absent before the first read")
         if at is not None:
             age.add_metric([], max(wall - at, 0.0))
         yield age

@@ -564,7 +564,7 @@ class Stop:
         from railyard.operations.fleetcounts import record_fleet
 
         try:
-            record_fleet(self.fleet, self.ledger)
+            record_fleet(self.fleet, self.ledger, self.config, self.domain)
         except FleetError as exc:
             self.say(f"{self.domain.name}: fleet counts not recorded: {exc}")
 

@@ -43,7 +43,7 @@ class ReconcileOperator(FleetOperator):
         fleet, book = self.hook.get_conn(), ledger(cfg.ledger.url)
         out = reconcile(cfg, fleet, book, TaskSdkRuns(), say=self.log.info)
         try:  # the metrics' hosts, fresh every reconcile even when no train runs
-            record_fleet(fleet, book)
+            record_fleet(fleet, book, cfg)
         except FleetError as exc:
             self.log.warning("fleet counts not recorded: %s", exc)
         for r in out:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -370,6 +372,37 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
     second.return_to_service(["gpu-b1"], "op-2")  # carries on where it stopped
     second_clock.fleet(30)
     assert second.hosts(["gpu-b1"])[0].state == HostState.SERVING
+
+
+def test_a_reads_catching_up_is_saved_by_the_next_write_and_brought_about_again_after_a_crash(tmp_path: Path) -> None:
+    """A read that finds a phase ended answers before it saves that (the next write or tick does); an engine
+    opened on the database before then (the first one killed) shows the same world at the same fleet time, each
+    event brought about again at its own time, and the clock never behind what a read showed."""
+    db = str(tmp_path / "sim.db")
+    clock = FakeClock()
+    sim = SimEngine(small_config(), db, clock=clock)
+    sim.drain(["gpu-a1", "gpu-a2"], "op-1")
+    clock.fleet(121)  # the drain (120 s) is over: the next call brings it about
+
+    def stored(host: str) -> str:
+        with sqlite3.connect(db) as c:
+            (data,) = c.execute("SELECT data FROM items WHERE kind = 'hosts' AND key = ?", (host,)).fetchone()
+        return str(json.loads(data)["state"])
+
+    seen = sim.hosts(["gpu-a1", "gpu-a2"])
+    assert {h.state for h in seen} == {HostState.DRAINED}
+    assert stored("gpu-a1") == "draining"  # not saved before the answer
+    shown = sim.now()
+    again = SimEngine(small_config(), db, clock=clock)  # the first one "killed": never closed, never saved since
+    try:
+        assert again.now() == pytest.approx(shown, abs=1e-6)
+        assert again.hosts(["gpu-a1", "gpu-a2"]) == seen
+        assert again.audit()["stops"] == sim.audit()["stops"]  # the drain ended at the same fleet time
+    finally:
+        again.close()
+    sim.upgrade_hosts({"gpu-a1": STEPS}, "op-1")  # a write saves what the read found, and its own change
+    assert stored("gpu-a2") == "drained" and stored("gpu-a1") == "upgrading"
+    sim.close()
 
 
 def test_a_db_from_another_fleet_is_refused(tmp_path: Path, clock: FakeClock) -> None:

@@ -7,7 +7,8 @@ Time: the fleet clock is `stored fleet time + (real - real at start) * speed`. E
 first calls `advance()`, which processes everything due up to fleet-now in time order, so the
 result does not depend on how often anyone looks. The world is in SQLite: a row per host, job and
 check, a small row for the rest, and append-only audit rows; a restarted engine continues from the stored
-fleet time, it does not jump by the downtime.
+fleet time, it does not jump by the downtime. A write is saved before it answers; what a read's catching up
+with the clock brought about is saved by the next write or tick (`_read`).
 
 Changes: every host, job and check notes each assignment to one of its fields in the engine's change set
 (`_Tracked`), so a save writes only the rows that changed and `host_changes` answers "which of these hosts
@@ -223,7 +224,11 @@ class _Store:
                 if kind not in world:  # (a database of snapshot version 1 holds them in the world row)
                     world[kind] = [json.loads(d) for (d,) in self.conn.execute(
                         "SELECT data FROM items WHERE kind = ? ORDER BY key", (kind,))]
-        return world, clock[0] if clock else None, [(k, t, json.loads(d)) for k, t, d in rows]
+        audit: list[tuple[str, float, dict[str, Any]]] = []
+        for k, t, d in rows:
+            data = json.loads(d)  # a list: several of one kind at one instant
+            audit.extend((k, t, x) for x in (data if isinstance(data, list) else [data]))
+        return world, clock[0] if clock else None, audit
 
     def save(self, world: tuple[str, list[tuple[str, str, str]]] | None, t: float,
              rows: list[tuple[str, float, dict[str, Any]]]) -> None:
@@ -234,9 +239,12 @@ class _Store:
                 self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (rest,))
                 self.conn.executemany("INSERT OR REPLACE INTO items (kind, key, data) VALUES (?, ?, ?)", items)
             self.conn.execute("INSERT OR REPLACE INTO clock (id, t) VALUES (1, ?)", (t,))
-            self.conn.executemany(
-                "INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)", [(k, tt, json.dumps(d)) for k, tt, d in rows]
-            )
+            # rows of one kind at one instant in one row, as a list (a domain's installs: one row, not 11,520)
+            batches: dict[tuple[str, float], list[dict[str, Any]]] = {}
+            for k, tt, d in rows:
+                batches.setdefault((k, tt), []).append(d)
+            self.conn.executemany("INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)",
+                                  [(k, tt, _encode(ds).decode()) for (k, tt), ds in batches.items()])
 
     def close(self) -> None:
         self.conn.close()
@@ -247,7 +255,20 @@ _ITEM_KINDS = ("hosts", "jobs", "checks")
 
 def _locked(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concatenate[SimEngine, P], R]:
     """Run a public method under the lock, on an up-to-date world, and persist what it changed."""
+    return _under_lock(method, world=True)
 
+
+def _read(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concatenate[SimEngine, P], R]:
+    """`_locked` for a read: what the clock brought about while it caught up (a phase's end) is saved, with its
+    audit rows, by the next write or the ticker's next advance (within a tenth of a second), not before the
+    answer; the clock is saved at once. Such changes follow from what was saved and the time alone (the random
+    draws come from the saved generator), so a crash in between loses none of them: the restarted simulator
+    brings them about again."""
+    return _under_lock(method, world=False)
+
+
+def _under_lock(method: Callable[Concatenate[SimEngine, P], R], *,
+                world: bool) -> Callable[Concatenate[SimEngine, P], R]:
     @functools.wraps(method)
     def wrapper(self: SimEngine, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
@@ -256,7 +277,7 @@ def _locked(method: Callable[Concatenate[SimEngine, P], R]) -> Callable[Concaten
             try:
                 return method(self, *args, **kwargs)
             finally:
-                self._settle()
+                self._settle(world=world)
 
     return wrapper  # type: ignore[return-value]  # functools.wraps types it as _Wrapped, a callable of this shape
 
@@ -326,27 +347,29 @@ class SimEngine:
         if world is None:
             self._seed_world()
         else:
-            self._restore(world, clock_t, rows)
+            self._restore(world, rows)
             self._flush()  # counted and timed as read
             if world.get("version") == SNAPSHOT_VERSION:
                 self._unsaved.clear()  # what was read is what is stored (a version-1 world is written anew)
-        self._base_fleet = self._t
+        # The clock resumes where it was last shown (a read saves it); the world, saved at its last change, catches
+        # up to it at the first call below, each event at its own time, as it did before the restart (`_read`)
+        self._base_fleet = max(self._t, clock_t or 0.0)
         self._base_real = self._clock()
         with self._lock:
             self._settle()
 
     # ---- the Fleet protocol ------------------------------------------------------------------
-    @_locked
+    @_read
     def now(self) -> float:
         return self._t
 
-    @_locked
+    @_read
     def hosts(self, names: list[str] | None = None) -> list[Host]:
         if names is None:
             return [self._hosts[n].public() for n in self._names]
         return [self._host(n).public() for n in names]
 
-    @_locked
+    @_read
     def hosts_json(self, names: list[str] | None = None) -> bytes:
         """`hosts(names)` as a JSON array of `Host` objects, for the API. The whole fleet's is built
         once per change of the world, so repeated reads of a large fleet cost nothing."""
@@ -357,7 +380,7 @@ class SimEngine:
             b"[" + b",".join(self._host_part(n)[1] for n in self._names) + b"]"))
         return payload
 
-    @_locked
+    @_read
     def host_changes(self, names: list[str] | None, since: str | None) -> tuple[str, bytes, bool]:
         """(cursor, JSON array of hosts, delta): the hosts among `names` (None: the fleet) that changed
         after `since`, a cursor an earlier call returned. delta is False when `since` is not a cursor of this
@@ -380,7 +403,7 @@ class SimEngine:
             return None
         return int(seq)
 
-    @_locked
+    @_read
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         if hosts is None:
             return [self._jobs[j].public() for j in sorted(self._jobs)]
@@ -476,10 +499,9 @@ class SimEngine:
         the others, and the first refusal is raised once every host was tried."""
         self._check_op(op)
         checked = {self._host(n).name: dict(want) for n, want in expected.items()}
-        for want in checked.values():
-            for comp, version in want.items():
-                self._token(comp, "component")
-                self._token(version, "version")
+        for comp, version in dict.fromkeys(cv for want in checked.values() for cv in want.items()):  # a domain: a few
+            self._token(comp, "component")
+            self._token(version, "version")
         self._each(checked, lambda host, want: self._check_one(self._hosts[host], want, op))
 
     def _check_one(self, h: _Host, expected: dict[str, str], op: str) -> None:
@@ -511,7 +533,7 @@ class SimEngine:
         if first is not None:
             raise first
 
-    @_locked
+    @_read
     def check_results(self, hosts: list[str], op: str) -> list[CheckResult]:
         """The latest check per host for `op`; hosts never checked under `op` are left out."""
         out: list[CheckResult] = []
@@ -521,7 +543,7 @@ class SimEngine:
                 out.append(check.public())
         return out
 
-    @_locked
+    @_read
     def check_results_json(self, hosts: list[str], op: str) -> bytes:
         """`check_results` as a JSON array of `CheckResult` objects, for the API (a domain's thousands
         encoded at once rather than a model each)."""
@@ -532,7 +554,7 @@ class SimEngine:
                 rows.append({"host": c.host, "status": c.status, "reason": c.reason, "versions": c.versions})
         return _encode(rows)
 
-    @_locked
+    @_read
     def check_changes(self, hosts: list[str], op: str, since: str | None) -> tuple[str, bytes, bool]:
         """(cursor, JSON array of check results, delta), as `host_changes` is for hosts: the latest check per
         host of `hosts` for `op` that changed after `since`; all of them when `since` is not this engine's."""
@@ -586,7 +608,7 @@ class SimEngine:
         if h.job is not None:
             self._interrupt(self._jobs[h.job], h.name, f"offboarded by {op}: {reason}")
 
-    @_locked
+    @_read
     def capacity(self) -> Capacity:
         serving, by_state, domains_out = self._picture()
         return Capacity(
@@ -702,12 +724,12 @@ class SimEngine:
                                          for v in (host_failure_per_hour, upgrade_fail_rate, check_fail_rate))
         return dict(self._rates)
 
-    @_locked
+    @_read
     def samples(self) -> list[dict[str, Any]]:
         """The capacity time series: one sample per change of the host states."""
         return [dict(s) for s in self._samples]
 
-    @_locked
+    @_read
     def audit(self) -> dict[str, Any]:
         """What happened, for the tests and the benchmarks to judge (see the module docs)."""
         total = len(self._hosts)
@@ -759,12 +781,13 @@ class SimEngine:
             self._sample()
         self._t = max(self._t, target)
 
-    def _settle(self) -> None:
-        """After a call: place waiting jobs, fire what became due at once, sample and persist."""
+    def _settle(self, world: bool = True) -> None:
+        """After a call: place waiting jobs, fire what became due at once, sample and persist (`world` False:
+        the clock and the audit only, see `_read`)."""
         self._place_pending()
         self._run_until(self._t)
         self._sample()
-        self._persist()
+        self._persist(world)
 
     def _next_due(self) -> float | None:
         self._flush()
@@ -997,7 +1020,8 @@ class SimEngine:
         self._touched.clear()
         self._gen += 1  # what is derived from the hosts (the fleet's JSON, the picture) is made again
         if len(self._host_log) > 2 * len(self._hosts) + 1024:  # each host's latest entry is all "since" needs
-            self._host_log = sorted((rev, name) for name, rev in self._host_rev.items())
+            rev = self._host_rev
+            self._host_log = [e for e in self._host_log if rev[e[1]] == e[0]]  # still in seq order
         if len(self._due_heap) > 2 * len(self._due) + 1024:  # drop the entries no longer current
             self._due_heap = [(t, k) for k, t in self._due.items()]
             heapq.heapify(self._due_heap)
@@ -1058,8 +1082,7 @@ class SimEngine:
             "rng": self._rng.getstate(),
         }
 
-    def _restore(self, world: dict[str, Any], clock_t: float | None,
-                 rows: list[tuple[str, float, dict[str, Any]]]) -> None:
+    def _restore(self, world: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]]) -> None:
         if world.get("version") not in (1, SNAPSHOT_VERSION):
             raise FleetError(f"simulator database has snapshot version {world.get('version')!r}, "
                              f"expected {SNAPSHOT_VERSION}")
@@ -1080,7 +1103,7 @@ class SimEngine:
         self._rates.update(world["rates"])
         version, internal, gauss = world["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
-        self._t = max(world["t"], clock_t or 0.0)
+        self._t = world["t"]
         for kind, _t, data in rows:
             if kind == "sample":
                 self._samples.append(data)
@@ -1092,14 +1115,18 @@ class SimEngine:
                 key = (data["host"], data["component"], data["version"])
                 self._installs[key] = self._installs.get(key, 0) + 1
 
-    def _persist(self) -> None:
+    def _persist(self, world: bool = True) -> None:
+        """Save what changed: the world's changed rows (unless `world` is False), the clock, the audit's rows."""
         self._flush()
-        if self._store is not None and (self._dirty or self._unsaved or self._rows or self._t != self._saved_t):
-            self._store.save(self._snapshot() if self._dirty or self._unsaved else None, self._t, self._rows)
+        save_world = world and bool(self._dirty or self._unsaved)
+        if self._store is not None and (save_world or (world and self._rows) or self._t != self._saved_t):
+            # the audit's rows go with the world they describe (a read's: with the next write)
+            self._store.save(self._snapshot() if save_world else None, self._t, self._rows if world else [])
             self._saved_t = self._t
-        self._rows.clear()
-        self._unsaved.clear()
-        self._dirty = False
+        if world:
+            self._rows.clear()
+            self._unsaved.clear()
+            self._dirty = False
 
     # ---- audit -----------------------------------------------------------------------------------
     def _sample(self) -> None:

@@ -4,6 +4,7 @@ buffers of a capacity pool. Shared by the stop itself (`stop.py`) and the plan p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from railyard.domain.config import RailyardConfig
@@ -36,13 +37,26 @@ def stop_estimate_s(config: RailyardConfig, targets: dict[str, str] | Callable[[
     """Fleet seconds a stop should take: checkpoint, drain, the installs it needs, reboot, check, return.
     `targets` is one mapping for every host, or a function of the host (per-host rollout phases)."""
     e = config.estimates
-    needed = {s.component for h in hosts for s in pending_steps(targets(h) if callable(targets) else targets, h)}
+    needed = {c for h in hosts for c in pending(targets(h) if callable(targets) else targets, h)}
     comps = [config.component(c) for c in needed]
     installs = sum(c.duration_s for c in comps)
     reboot = e.reboot_s if any(c.reboot for c in comps) else 0.0
     return e.checkpoint_s + e.drain_s + installs + reboot + e.check_s + e.return_s
 
 
+def pending(targets: dict[str, str], host: Host) -> list[str]:
+    """The components this host still needs, in the train's order (`pending_steps` without building the steps:
+    what a count or a test over a domain's thousands of hosts asks)."""
+    versions = host.versions
+    return [c for c, v in targets.items() if versions.get(c) != v]
+
+
 def pending_steps(targets: dict[str, str], host: Host) -> list[Step]:
     """What this host still needs, in the train's order."""
-    return [Step(component=c, version=v) for c, v in targets.items() if host.versions.get(c) != v]
+    return [_step(c, targets[c]) for c in pending(targets, host)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _step(component: str, version: str) -> Step:
+    """One `Step` per (component, version): they are frozen, and a domain's thousands of hosts share a few."""
+    return Step(component=component, version=version)

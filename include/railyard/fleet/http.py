@@ -73,8 +73,11 @@ def _keep_view(views: OrderedDict[Any, tuple[str, dict[str, T]]], key: Any, view
     if view is not None and since is not None and resp.headers.get(CHANGES_HEADER) == since:
         if asked is not None and not set(got) <= set(asked):
             raise FleetError(f"{where} answered hosts it was not asked for")
-        merged = dict(view[1])
-        merged.update(got)
+        if got:
+            merged = dict(view[1])
+            merged.update(got)
+        else:  # nothing changed (a poll while a domain installs): the view as it is, not a copy of thousands
+            merged = view[1]
     else:
         merged = got
     cursor = resp.headers.get(CURSOR_HEADER)
@@ -191,14 +194,15 @@ class HttpFleet:
 
     def drain(self, hosts: list[str], op: str) -> None:
         if hosts:
-            self._call("POST", "/v1/hosts/drain", body={"hosts": list(hosts), "op": op})
+            # raw: the answer (the hosts, as drained) is not read, and a domain's is a megabyte of JSON
+            self._call("POST", "/v1/hosts/drain", body={"hosts": list(hosts), "op": op}, raw=True)
 
     def upgrade(self, host: str, steps: list[Step], op: str) -> None:
         self.upgrade_hosts({host: steps}, op)
 
     def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
-        hosts = {h: [s.model_dump() if isinstance(s, Step) else dict(s) for s in steps]
-                 for h, steps in work.items() if steps}
+        hosts = {h: [{"component": s.component, "version": s.version} if isinstance(s, Step) else dict(s)
+                     for s in steps] for h, steps in work.items() if steps}
         if hosts:
             self._call("POST", "/v1/hosts/upgrade", body={"hosts": hosts, "op": op})
 
@@ -228,7 +232,7 @@ class HttpFleet:
 
     def return_to_service(self, hosts: list[str], op: str) -> None:
         if hosts:
-            self._call("POST", "/v1/hosts/return", body={"hosts": list(hosts), "op": op})
+            self._call("POST", "/v1/hosts/return", body={"hosts": list(hosts), "op": op}, raw=True)
 
     def offboard(self, host: str, reason: str, op: str) -> None:
         self._call("POST", f"/v1/hosts/{_seg(host)}/offboard", body={"reason": reason, "op": op})

@@ -20,8 +20,8 @@ class Reports(LedgerBase):
         if not versions:
             return
         with self.engine.begin() as c:
-            have = set(c.execute(select(versions_before.c.host).where(
-                versions_before.c.op_id == op_id, versions_before.c.host.in_(list(versions)))).scalars())
+            # every host recorded for the operation (a domain's at most): no list of thousands of names to bind
+            have = set(c.execute(select(versions_before.c.host).where(versions_before.c.op_id == op_id)).scalars())
             rows = [{"op_id": op_id, "host": h, "versions": json.dumps(dict(v), sort_keys=True), "at": self.clock()}
                     for h, v in versions.items() if h not in have]
             if rows:

@@ -17,7 +17,7 @@ from typing import Any
 from railyard.domain import windows
 from railyard.domain.config import DomainSpec, RailyardConfig, TimeoutsSpec, TrainSpec
 from railyard.domain.models import BROKEN_STATES, Host, HostState, Job
-from railyard.domain.planning import budget_for, pending_steps, pool_hosts, stop_estimate_s
+from railyard.domain.planning import budget_for, pending, pending_steps, pool_hosts, stop_estimate_s
 from railyard.fleet.port import (
     Fleet,
     FleetError,
@@ -122,6 +122,7 @@ class Stop:
     closing: bool = False  # its run is gone (railyard.operations.reconcile): finish safely, start no new install
     fixed_targets: dict[str, str] | None = None  # a repair's gate: the targets frozen when the host went out
     _host_targets: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    _train_targets: dict[str, str] | None = field(default=None, init=False, repr=False)
     probing: bool = field(default=False, init=False, repr=False)  # inside take(probe=True): read only
 
     @property
@@ -132,7 +133,9 @@ class Stop:
     def targets(self) -> dict[str, str]:
         if self.fixed_targets is not None:
             return dict(self.fixed_targets)
-        return self.config.train_targets(self.train)
+        if self._train_targets is None:  # asked for each of a domain's hosts, several times a step
+            self._train_targets = self.config.train_targets(self.train)
+        return dict(self._train_targets)
 
     def targets_for(self, host: str) -> dict[str, str]:
         """What this stop brings `host` to: the train's releases that the host's rollout phase admits,
@@ -224,7 +227,7 @@ class Stop:
         fleet_hosts = self.fleet.hosts()
         mine = [h for h in fleet_hosts if h.domain == self.domain.name]
         workable = [h for h in mine if h.state not in BROKEN_STATES]
-        if not any(pending_steps(self.targets_for(h.name), h) for h in workable):
+        if not any(pending(self.targets_for(h.name), h) for h in workable):
             if not probe:
                 self.ledger.record_visit(self.train.id, self.domain.name, now, self.op_id)
             return Decision("skip", f"every host of {self.domain.name} is already at target")
@@ -279,7 +282,7 @@ class Stop:
         every train, and takes over hosts a train's stop already has out instead of waiting for them."""
         fleet_hosts = {h.name: h for h in self.fleet.hosts()}
         workable = [fleet_hosts[n] for n in self.hosts if fleet_hosts[n].state not in BROKEN_STATES]
-        if not any(pending_steps(self.targets, h) for h in workable):
+        if not any(pending(self.targets, h) for h in workable):
             return Decision("skip", f"every host in scope on {self.domain.name} is already at target")
         holders = self.ledger.holdings()
         trains = sorted({holders[h] for h in self.hosts if h in holders
@@ -591,7 +594,7 @@ class Stop:
             now = self.fleet.hosts(held)
             busy = [h for h in now if h.state == HostState.UPGRADING]
             done = sum(1 for h in now
-                       if h.state != HostState.UPGRADING and not pending_steps(self.targets_for(h.name), h))
+                       if h.state != HostState.UPGRADING and not pending(self.targets_for(h.name), h))
             return not busy, f"upgraded {done}/{len(now)} ({len(busy)} installing)"
 
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
@@ -677,7 +680,7 @@ class Stop:
         """The versions a check must find on `host`: its targets, or, when the stop is closing for a run
         that is gone and the host never reached them, the versions it has (no new install is started)."""
         targets = self.targets_for(host.name)
-        if not self.closing or not pending_steps(targets, host):
+        if not self.closing or not pending(targets, host):
             return targets
         # a component the host does not report is expected at its target: the check then fails (closed)
         return {c: host.versions.get(c, v) for c, v in targets.items()}
@@ -733,7 +736,8 @@ class Stop:
         hosts = self.fleet.hosts(held)
         known = self.ledger.verifications(self.op_id)
         back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
-        stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in back]
+        returning = set(back)
+        stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in returning]
         seen = set(self.offboarded())
         for name in stray:  # drained, not verified and not checkable: never returned unverified
             self.offboard(name, "could not be verified at target versions", seen)

@@ -85,10 +85,11 @@ class Job(Strict):
 
 
 class Step(Strict):
-    """One component to bring to one version on one host."""
+    """One component to bring to one version on one host (a domain's upgrade is thousands of them: the rule is
+    checked inside pydantic-core; every recipe that puts one in a command checks it again, `check_token`)."""
 
-    component: Token
-    version: Token
+    component: FleetToken
+    version: FleetToken
 
 
 class CheckResult(Strict):

@@ -104,16 +104,17 @@ def open_page(driver, stack: Stack) -> None:  # noqa: ANN001
 
 
 def click(driver, css: str) -> None:  # noqa: ANN001
-    """Click what `css` selects. The page redraws itself every few seconds: an element found just before a
-    redraw is gone ("stale") when clicked, so it is found again."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """Click what `css` selects, once the page shows it. The page redraws itself every few seconds: an element
+    found just before a redraw is gone ("stale") when clicked, so it is found again; one that a later refresh
+    brings (a run that just ended, in the Runs panel) is waited for."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     def attempt() -> bool:
         try:
             driver.find_element(By.CSS_SELECTOR, css).click()
             return True
-        except StaleElementReferenceException:
+        except (StaleElementReferenceException, NoSuchElementException):
             return False
 
     until(f"a click on {css}", attempt, timeout=20, every=0.1)

@@ -361,7 +361,8 @@ class Records(LedgerBase):
         if op_id is not None:
             q = q.where(leases.c.op_id == op_id)
         with self.engine.connect() as c:
-            return dict(c.execute(q).tuples().all())  # plain tuples: a domain's thousand rows without a Row each
+            # the driver's own tuples (both columns are plain strings): a domain's thousands of rows without a Row each
+            return dict(c.execute(q).cursor.fetchall())
 
     def domains_out(self) -> dict[str, str]:
         """domain -> op id holding it."""

@@ -62,12 +62,14 @@ leases = Table(
     "leases",
     metadata,
     Column("host", String(128), primary_key=True),  # one operation per host
-    Column("op_id", String(255), nullable=False, index=True),
+    Column("op_id", String(255), nullable=False),
     Column("domain", String(128), nullable=False),
     Column("since", Float, nullable=False),
     Column("kind", String(32), nullable=False, default="train_stop"),  # repairs are not domains out
     # Domains out and hosts in repair, counted from an index of their own kind of lease: the leases of
     # maintenance come and go with every stop, and a scan of the table would read their dead rows too.
+    # An operation's hosts from the index alone (a domain's thousands of leases without a lookup each).
+    Index("ix_leases_op_host", "op_id", "host"),
     Index("ix_leases_out_domain", "domain", postgresql_where=text(_NOT_REPAIR), sqlite_where=text(_NOT_REPAIR)),
     Index("ix_leases_repair_domain", "domain", postgresql_where=text(_REPAIR), sqlite_where=text(_REPAIR)),
 )

@@ -328,6 +328,7 @@ class SimEngine:
         self._seq = 0
         self._host_rev: dict[str, int] = {}
         self._host_log: list[tuple[int, str]] = []
+        self._free: set[str] = set()  # the hosts serving with no job, kept as hosts change (for placing jobs)
         self._check_rev: dict[str, int] = {}  # "host\top" -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, tuple[str, bytes]] = {}  # name -> (snapshot JSON, API JSON), until it changes
@@ -912,9 +913,15 @@ class SimEngine:
             return
         if order is None and self._derived.get("placed", (-1, None))[0] == self._gen:
             return  # nothing changed since the last try placed nothing
-        names = order or self._names
-        # the free hosts, in order, found once: each job placed takes the first ones still free
-        free = [n for n in names if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
+        # the free hosts, in order, found once: each job placed takes the first ones still free. Only the first
+        # `wanted` can be taken, and a job that does not fit in what is left of them would not fit in the rest.
+        wanted = sum(job.size or self.sim.jobs.hosts_per_job for job in pending)
+        if order is not None:
+            free = [n for n in order if self._hosts[n].state == HostState.SERVING and self._hosts[n].job is None]
+        elif len(self._free) <= wanted:
+            free = sorted(self._free)
+        else:
+            free = heapq.nsmallest(wanted, self._free)  # the names are in `self._names`' (sorted) order
         for job in pending:
             need = job.size or self.sim.jobs.hosts_per_job
             if len(free) < need:
@@ -1006,6 +1013,10 @@ class SimEngine:
                 self._host_json.pop(key, None)
                 h = self._hosts[key]
                 self._count(h)
+                if h.state == HostState.SERVING and h.job is None:
+                    self._free.add(key)
+                else:
+                    self._free.discard(key)
                 self._set_due(item, self._host_due(h))
             elif kind == "jobs":
                 job = self._jobs[key]

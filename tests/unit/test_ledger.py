@@ -326,11 +326,13 @@ def test_indexes_are_added_to_a_ledger_made_before_them(ledger):
         for names in wanted.values():
             for name in names - {"ix_leases_op_host"}:
                 c.execute(text(f"DROP INDEX {name}"))
+        c.execute(text("CREATE INDEX ix_leases_op_id ON leases (op_id)"))  # the one ix_leases_op_host replaced
     led.dispose()
     again = ledger()
     insp = inspect(again.engine)
     for table, names in wanted.items():
         assert names <= {ix["name"] for ix in insp.get_indexes(table)}, table
+    assert "ix_leases_op_id" not in {ix["name"] for ix in insp.get_indexes("leases")}
     assert again.holdings("op1") and take(again, "op1", "d0").granted
     assert set(metadata.tables) >= {"leases", "audit", "operations", "waiters", "ledger_lock"}
 

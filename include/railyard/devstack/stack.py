@@ -41,9 +41,31 @@ class StackError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free on every address, chosen below the kernel's ephemeral range. A port the kernel hands
+    out (bind to 0) is one it may give again to any outgoing connection before the server that was meant
+    to get it binds, or to a client's retries towards that very port, which then connect to themselves."""
+    low = _ephemeral_low()
+    rng = secrets.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every try was taken: what the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return low if low > 11000 else 32768
 
 
 def ensure_port_free(port: int, what: str) -> None:

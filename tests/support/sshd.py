@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from railyard.devstack.stack import free_port
+
 STANDINS = Path(__file__).resolve().parent / "standins"
 SSHD = "/usr/sbin/sshd"
 INITIAL_VERSIONS = {"gpu-driver": "550.127.08", "gpu-firmware": "96.00.89.00.01", "kernel": "6.1.0-25"}
@@ -35,22 +37,18 @@ PROFILES = ("healthy", "ecc", "ecc_off", "missing_gpu", "slow_nvlink", "xid79", 
 
 
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    """`n` distinct ports, each as `free_port` picks it (below the kernel's ephemeral range)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
     return ports
 
 
 def free_port_any() -> int:
-    """A port free on every address (the one-sshd farm listens on 0.0.0.0)."""
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
+    """A port free on every address (the one-sshd farm listens on 0.0.0.0): `free_port` checks 0.0.0.0."""
+    return free_port()
 
 
 def farm_address(i: int) -> str:

@@ -263,8 +263,8 @@ def _create_missing_indexes(engine: Engine) -> None:
                 if ix.name not in have:
                     ix.create(c)
             for name in _REPLACED_INDEXES.get(t.name, ()):
-                if name in have:  # a constant name: nothing from outside reaches this text
-                    c.execute(text(f"DROP INDEX {c.dialect.identifier_preparer.quote(name)}"))
+                if name in have:  # IF EXISTS: another process starting at the same moment may drop it first
+                    c.execute(text(f"DROP INDEX IF EXISTS {c.dialect.identifier_preparer.quote(name)}"))
 
 
 def _already_exists(exc: DBAPIError) -> bool:

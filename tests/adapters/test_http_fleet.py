@@ -244,9 +244,9 @@ def test_the_whole_fleet_comes_back_in_one_answer_validated_as_hosts(shared_sim_
 
 
 @contextlib.contextmanager
-def json_server(answer: Callable[[str, Any], Any]) -> Iterator[str]:
+def json_server(answer: Callable[[str, Any], Any], seen: list[tuple[str, str, str]] | None = None) -> Iterator[str]:
     """A stand-in fleet manager on loopback: `answer(method, request body or None)` is the JSON it answers;
-    yields its URL."""
+    yields its URL. `seen` gets each request's (method, target as sent, Authorization header)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -254,6 +254,8 @@ def json_server(answer: Callable[[str, Any], Any]) -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, method: str) -> None:
             size = int(self.headers.get("Content-Length") or 0)
+            if seen is not None:
+                seen.append((method, self.path, self.headers.get("Authorization") or ""))
             body = json.dumps(answer(method, json.loads(self.rfile.read(size)) if size else None)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -299,6 +301,41 @@ def test_unreachable_fleet_is_a_fleet_error_naming_the_url() -> None:
     with pytest.raises(FleetError, match=url.replace(".", r"\.")):
         HttpFleet(url, connect_timeout=1.0).capacity()
     assert time.monotonic() - started < 5
+
+
+def test_the_environments_proxy_no_proxy_and_netrc_are_honoured_as_read_at_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What requests takes from the environment is read once, when the fleet is made (requests would read every
+    variable again on each request): HTTP_PROXY carries the calls, NO_PROXY exempts its hosts, ~/.netrc's entry
+    for the fleet's host is sent as basic auth and never shown."""
+    import base64
+
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY",
+                "all_proxy", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    via_proxy: list[tuple[str, str, str]] = []
+    direct: list[tuple[str, str, str]] = []
+    with json_server(lambda _m, _b: {"now": 5.0}, via_proxy) as proxy, \
+            json_server(lambda _m, _b: {"now": 7.0}, direct) as fleet_url:
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        proxied = HttpFleet("http://fleet.invalid:8080", retries=0)
+        monkeypatch.delenv("HTTP_PROXY")  # read already: the fleet keeps its proxy
+        assert proxied.now() == 5.0 and proxied.now() == 5.0
+        assert [p for _m, p, _a in via_proxy] == ["http://fleet.invalid:8080/v1/now"] * 2
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert HttpFleet(fleet_url).now() == 7.0
+        assert len(via_proxy) == 2 and direct[-1][:2] == ("GET", "/v1/now") and direct[-1][2] == ""
+        netrc = tmp_path / ".netrc"
+        netrc.write_text("machine 127.0.0.1 login ops password n3trc-s3cret\n")
+        netrc.chmod(0o600)
+        fleet = HttpFleet(fleet_url)
+        assert fleet.now() == 7.0
+        assert direct[-1][2] == "Basic " + base64.b64encode(b"ops:n3trc-s3cret").decode()
+        assert fleet.auth_scheme == "basic" and "n3trc" not in repr(fleet)
+        assert HttpFleet(fleet_url, token="tok-given").now() == 7.0  # a token given wins over the file
+        assert direct[-1][2] == "Bearer tok-given"
 
 
 # ---- authentication and TLS against a real server ------------------------------------------------------
@@ -437,7 +474,7 @@ def _pki(d: Path) -> dict[str, Path]:
     return {p.stem + p.suffix: p for p in d.iterdir()}
 
 
-def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path) -> None:
+def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pki_dir = tmp_path / "pki"
     pki_dir.mkdir()
     pki = _pki(pki_dir)
@@ -457,9 +494,19 @@ def test_tls_with_a_private_ca_and_a_client_certificate(tmp_path: Path) -> None:
             HttpFleet(url, token=TOKEN, verify=str(pki["ca.pem"]), retries=0).capacity()
         with pytest.raises(FleetError, match="not authorized"):  # TLS is no substitute for the token
             HttpFleet(url, verify=str(pki["ca.pem"]), cert=client).capacity()
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pki["ca.pem"]))  # the environment's CA, as requests reads it
+        assert HttpFleet(url, token=TOKEN, cert=client).capacity().total_hosts == 12
+        with pytest.raises(FleetError, match="TLS failed"):  # an explicit bundle still wins over it
+            HttpFleet(url, token=TOKEN, verify=certifi_bundle(), cert=client, retries=0).capacity()
         fleet.close()  # else the server's SIGTERM waits (up to its 3 s grace) for this idle TLS connection
     finally:
         server.stop()
+
+
+def certifi_bundle() -> str:
+    import certifi
+
+    return str(certifi.where())
 
 
 def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_server: SimServer) -> None:
@@ -478,7 +525,7 @@ def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_
     def spy(method: str, url: str, **kw: Any) -> Any:
         resp = request(method, url, **kw)
         if url.endswith("/v1/hosts/query"):
-            sent.append(kw["json"])
+            sent.append(json.loads(kw["data"]))
             answered.append((len(resp.json()), resp.headers.get(CHANGES_HEADER)))
         return resp
 
@@ -516,6 +563,8 @@ def test_polls_of_check_results_ask_only_for_what_changed(sim_server: SimServer)
     """While a domain's checks run, each poll after the first gets back only the checks that changed (none
     while they all run); what `check_results` returns is a full read's answer each time, also after a
     restarted server forgets the cursor."""
+    import json
+
     from railyard.fleet.http import CHANGES_HEADER
 
     fleet = HttpFleet(sim_server.url)
@@ -525,7 +574,7 @@ def test_polls_of_check_results_ask_only_for_what_changed(sim_server: SimServer)
     def spy(method: str, url: str, **kw: Any) -> Any:
         resp = request(method, url, **kw)
         if url.endswith("/v1/checks/query"):
-            answered.append(("since" in kw["json"], len(resp.json()), resp.headers.get(CHANGES_HEADER)))
+            answered.append(("since" in json.loads(kw["data"]), len(resp.json()), resp.headers.get(CHANGES_HEADER)))
         return resp
 
     fleet.session.request = spy  # type: ignore[method-assign]

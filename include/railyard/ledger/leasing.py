@@ -27,6 +27,7 @@ from railyard.ledger.schema import (
     _lock,
     _q,
     _run,
+    among,
     audit,
     leases,
     operations,
@@ -66,7 +67,7 @@ def _read_view(c: Connection, op_id: str, priority: int, now: float, hosts: Sequ
     """One round trip: the leases of `hosts`, lease counts per kind and domain, the waiter ahead, and
     whether the operation is recorded and waiting. Rows are tagged; every part is a key lookup or
     an aggregate, so what comes back does not grow with the leases other operations hold."""
-    return _view_of(c.execute(_q("view_hosts" if hosts else "view"), _view_params(op_id, priority, now, hosts)))
+    return _view_of(_run(c, ["view_any"], _view_params(op_id, priority, now, hosts)))
 
 
 def _view_of(result: Iterable[Any]) -> _View:
@@ -260,7 +261,8 @@ class Leases(LedgerBase):
                 d = decide(ask, v, taken_over=taken_over, exact=exact)
                 if d.act == "take_over":
                     moved = sorted(d.handed)
-                    c.execute(update(leases).where(leases.c.host.in_(moved)).values(op_id=op_id, kind=kind, since=now))
+                    c.execute(update(leases).where(among(c, leases.c.host, moved)).values(op_id=op_id, kind=kind,
+                                                                                          since=now))
                     c.execute(insert(audit), [
                         _audit_row(now, actor, o, a, [h], r) for h in moved
                         for o, a, r in ((op_id, "handover", f"taken over from {d.handed[h]}"),
@@ -373,7 +375,7 @@ class Leases(LedgerBase):
             held = [r.host for r in c.execute(_q("held"), {"r_op": from_op})]
             moved = sorted(h for h in held if h in want)
             if moved:
-                c.execute(update(leases).where(leases.c.host.in_(moved), leases.c.op_id == from_op)
+                c.execute(update(leases).where(among(c, leases.c.host, moved), leases.c.op_id == from_op)
                           .values(op_id=to_op, kind=kind, since=now))
                 _audit(c, self.clock(), actor, to_op, "handover", moved, f"from {from_op}: {reason}")
                 if len(moved) == len(held) and from_op != to_op:  # from_op holds nothing any more

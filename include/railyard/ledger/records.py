@@ -22,6 +22,7 @@ from railyard.ledger.schema import (
     _audit_row,
     _lock,
     _q,
+    among,
     audit,
     capacity_samples,
     fleet_counts,
@@ -249,7 +250,7 @@ class Records(LedgerBase):
             for release in sorted({r[0] for r in rows}):
                 c.execute(release_results.delete().where(
                     release_results.c.release == release, release_results.c.op_id == op_id,
-                    release_results.c.host.in_([h for rel, h, _p, _r in rows if rel == release])))
+                    among(c, release_results.c.host, [h for rel, h, _p, _r in rows if rel == release])))
             c.execute(insert(release_results), [
                 {"release": rel, "host": host, "op_id": op_id, "passed": int(passed), "reason": reason, "at": at}
                 for rel, host, passed, reason in rows])
@@ -272,7 +273,7 @@ class Records(LedgerBase):
         now = self.clock()
         with self.engine.begin() as c:
             c.execute(verifications.delete().where(verifications.c.op_id == op_id,
-                                                   verifications.c.host.in_([v[0] for v in verdicts])))
+                                                   among(c, verifications.c.host, [v[0] for v in verdicts])))
             c.execute(insert(verifications), [
                 {"op_id": op_id, "host": host, "passed": int(passed), "versions": json.dumps(versions, sort_keys=True),
                  "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
@@ -293,10 +294,8 @@ class Records(LedgerBase):
         """host -> (passed, versions, reason) of `op_id`'s latest check (of `hosts` only, when given); one query."""
         v = verifications.c
         q = select(v.host, v.passed, v.versions, v.reason).where(v.op_id == op_id)
-        if hosts is not None:
-            q = q.where(v.host.in_(list(hosts)))
         with self.engine.connect() as c:
-            rows = c.execute(q).tuples().all()
+            rows = c.execute(q if hosts is None else q.where(among(c, v.host, hosts))).tuples().all()
         parsed: dict[str, dict[str, str]] = {}  # a domain's hosts checked at one set of versions: parsed once
         return {host: (bool(passed), dict(parsed.get(versions) or parsed.setdefault(versions, json.loads(versions))),
                        reason) for host, passed, versions, reason in rows}

@@ -307,12 +307,14 @@ def _run(c: Connection, keys: Sequence[_Key], params: dict[str, Any]) -> Any:
         for name in key if isinstance(key, tuple) else (key,):
             if name == "ops_lock" and not pg:  # SQLite: one writer at a time already
                 continue
-            if name == "view_any" and not pg:  # SQLite has no arrays: an IN list
+            if name == "view_any" and not pg:  # SQLite has no arrays: the hosts as one JSON array
                 name = "view_hosts" if params["v_hosts"] else "view"
+                params = params | {"v_hosts_json": json.dumps(params["v_hosts"])}
             if name == "drop_some_any" and not pg:
                 name = "drop_some"
-            if name == "lease_insert" and not pg:
-                result = c.execute(_q("lease_row"), [{"l_host": h, **params} for h in params["l_hosts"]])
+                params = params | {"d_hosts_json": json.dumps(params["d_hosts"])}
+            if name == "lease_insert" and not pg:  # every host in one JSON array parameter, as on PostgreSQL
+                result = c.execute(_q("lease_insert_json"), params | {"l_hosts_json": json.dumps(params["l_hosts"])})
             else:
                 result = c.execute(_q(name), params)
     return result
@@ -396,7 +398,7 @@ def _q(name: str) -> Any:
             select(tag("o"), operations.c.id.label("a"), none_s, none_k, none_f).where(operations.c.id == p("v_op")),
         ]
         if name != "view":
-            host_in = (leases.c.host.in_(p("v_hosts", expanding=True)) if name == "view_hosts"
+            host_in = (leases.c.host.in_(_json_values(p("v_hosts_json", type_=Text))) if name == "view_hosts"
                        else leases.c.host == func.any(p("v_hosts", type_=ARRAY(String))))
             parts.append(select(tag("w"), leases.c.host.label("a"), leases.c.op_id.label("b"),
                                 leases.c.kind.label("k"), none_f).where(host_in))
@@ -424,13 +426,18 @@ def _q(name: str) -> Any:
             select(func.unnest(p("l_hosts", type_=ARRAY(String))), p("l_op", type_=String),
                    p("l_domain", type_=String), p("l_since", type_=Float), p("l_kind", type_=String)),
         )
-    if name == "lease_row":
-        return insert(leases).values(host=p("l_host"), op_id=p("l_op"), domain=p("l_domain"),
-                                     since=p("l_since", type_=Float), kind=p("l_kind"))
+    if name == "lease_insert_json":  # SQLite: the same, the hosts as a JSON array
+        return insert(leases).from_select(
+            ["host", "op_id", "domain", "since", "kind"],
+            select(literal_column("value"), p("l_op", type_=String), p("l_domain", type_=String),
+                   p("l_since", type_=Float), p("l_kind", type_=String)).select_from(
+                func.json_each(p("l_hosts_json", type_=Text))),
+        )
     if name == "drop_all":
         return leases.delete().where(leases.c.op_id == p("d_op"))
-    if name == "drop_some":
-        return leases.delete().where(leases.c.op_id == p("d_op"), leases.c.host.in_(p("d_hosts", expanding=True)))
+    if name == "drop_some":  # SQLite: the hosts as a JSON array
+        return leases.delete().where(leases.c.op_id == p("d_op"),
+                                     leases.c.host.in_(_json_values(p("d_hosts_json", type_=Text))))
     if name == "drop_some_any":  # PostgreSQL: the hosts as one array parameter (preparable)
         return leases.delete().where(leases.c.op_id == p("d_op"),
                                      leases.c.host == func.any(p("d_hosts", type_=ARRAY(String))))
@@ -438,6 +445,21 @@ def _q(name: str) -> Any:
         return insert(audit).values(at=p("a_at", type_=Float), actor=p("a_actor"), op_id=p("a_op_id"),
                                     action=p("a_action"), hosts=p("a_hosts"), reason=p("a_reason"))
     raise KeyError(name)
+
+
+def among(c: Connection, column: Any, values: Iterable[str]) -> Any:
+    """`column IN values` with the values in one parameter, however many: a JSON array SQLite opens with
+    json_each, an array on PostgreSQL. SQLAlchemy's IN list binds each value as a parameter of its own, and
+    naming them costs ~12 µs a value: 45 ms for a domain of 3,840 hosts, in every statement that names them."""
+    vals = list(values)
+    if c.dialect.name == "postgresql":
+        return column == func.any(bindparam(None, vals, type_=ARRAY(String)))
+    return column.in_(_json_values(bindparam(None, json.dumps(vals), type_=Text)))
+
+
+def _json_values(param: Any) -> Any:
+    """The strings of a JSON array parameter, as a one-column subquery (SQLite)."""
+    return select(literal_column("value")).select_from(func.json_each(param))
 
 
 def _host_set(hosts: Iterable[str] | None) -> Collection[str] | None:

@@ -614,3 +614,58 @@ def test_a_fleet_that_sends_no_cursor_is_read_whole_every_time() -> None:
         for _ in range(3):
             assert [h.name for h in fleet.hosts(["gpu-a01", "gpu-a02"])] == ["gpu-a01", "gpu-a02"]
         assert bodies == [{"names": ["gpu-a01", "gpu-a02"]}] * 3
+
+
+def test_the_hosts_out_of_service_are_read_without_the_whole_fleet_and_stay_right_as_hosts_change(
+        sim_server: SimServer) -> None:
+    """`hosts_out` answers what a whole read would, filtered to the hosts not serving: first a whole answer of
+    those alone, then by changes (hosts going out are added, hosts back in service dropped), and again after a
+    restarted server forgets the cursor."""
+    import json
+
+    from railyard.fleet.http import CHANGES_HEADER
+
+    fleet = HttpFleet(sim_server.url)
+    sizes: list[tuple[bool, int, bool]] = []  # (sent since, hosts answered, answered by changes)
+    request = fleet.session.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        resp = request(method, url, **kw)
+        if (kw.get("params") or {}).get("out"):
+            sizes.append(("since" in kw["params"], len(json.loads(resp.content)), CHANGES_HEADER in resp.headers))
+        return resp
+
+    fleet.session.request = spy  # type: ignore[method-assign]
+
+    def truth() -> list[Host]:
+        return [h for h in HttpFleet(sim_server.url).hosts() if h.state != HostState.SERVING]
+
+    assert fleet.hosts_out() == truth() == []
+    assert sizes[-1] == (False, 0, False)  # the whole answer: no host of the 12 sent
+    op = "op-out-b"
+    fleet.drain(POD_B, op)
+    wait_for("drain", all_in(fleet, POD_B, HostState.DRAINED))
+    out = fleet.hosts_out()
+    assert out == truth() and [h.name for h in out] == POD_B and all(h.state == HostState.DRAINED for h in out)
+    assert sizes[-1][0] and sizes[-1][2] and sizes[-1][1] >= len(POD_B)
+    assert fleet.hosts_out() == truth() and sizes[-1] == (True, 0, True)  # nothing changed: nothing sent
+    fleet.return_to_service(POD_B, op)
+    wait_for("return", all_in(fleet, POD_B, HostState.SERVING))
+    assert fleet.hosts_out() == truth() == []  # the hosts back in service left the view
+    fleet.drain(POD_B[:1], "op-out-b2")
+    sim_server.kill()
+    fleet.base_url = sim_server.start()  # the same client, its views kept: a cursor the new process does not know
+    assert [h.name for h in fleet.hosts_out()] == POD_B[:1] == [h.name for h in truth()]
+    assert sizes[-1][:2] == (True, 1) and not sizes[-1][2]  # a whole answer of the hosts out alone
+
+
+def test_a_server_that_knows_no_out_answers_every_host_and_the_client_keeps_the_ones_out(
+        shared_sim_server: SimServer) -> None:
+    every = [{"name": "gpu-a01", "domain": "pod-a", "state": "serving"},
+             {"name": "gpu-a02", "domain": "pod-a", "state": "drained"},
+             {"name": "gpu-a03", "domain": "pod-a", "state": "failed"}]
+    with json_server(lambda _method, _body: every) as url:
+        assert [h.name for h in HttpFleet(url).hosts_out()] == ["gpu-a02", "gpu-a03"]
+    # the simulator's out= is a read of the whole fleet's: with names it is refused, naming the parameter
+    r = requests.get(f"{shared_sim_server.url}/v1/hosts", params={"out": "true", "names": "gpu-a01"}, timeout=5)
+    assert r.status_code == 422 and "out=" in r.json()["detail"]

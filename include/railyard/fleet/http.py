@@ -27,7 +27,7 @@ import requests
 from pydantic import TypeAdapter, ValidationError
 from requests.auth import AuthBase
 
-from railyard.domain.models import Capacity, CheckResult, Host, Job, Step
+from railyard.domain.models import Capacity, CheckResult, Host, HostState, Job, Step
 from railyard.fleet import FleetNotFound, gcpause
 from railyard.fleet.port import FleetError
 
@@ -45,6 +45,7 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 # that sends no cursor is read whole every time, as before.
 CURSOR_HEADER = "Railyard-Cursor"
 CHANGES_HEADER = "Railyard-Changes-Since"
+_OUT = ("\x00out",)  # the view of the hosts out of service (no host name holds a NUL)
 VIEWS_KEPT = 16  # the lists of hosts (a domain's, the whole fleet) read by changes, the least recent dropped
 log = logging.getLogger("railyard.fleet.http")
 T = TypeVar("T")
@@ -196,6 +197,21 @@ class HttpFleet:
             return [by_name[n] for n in names]
         except KeyError as exc:
             raise FleetError(f"fleet at {self.base_url}: POST {path} left out host {exc.args[0]!r}") from None
+
+    def hosts_out(self) -> list[Host]:
+        """The hosts not serving, by `GET /v1/hosts?out=true`, read by "what changed since" as other reads are.
+        A server that knows no `out` answers every host: they are filtered here, so the answer is the same."""
+        view = self._views.get(_OUT)
+        since = view[0] if view is not None else None
+        path = "/v1/hosts"
+        resp = self._call("GET", path, params={"out": "true"} | ({"since": since} if since else {}), raw=True)
+        got = self._parse(_HOSTS, resp.content, path)
+        by_name = _keep_view(self._views, _OUT, view, since, resp, {h.name: h for h in got}, None,
+                             f"fleet at {self.base_url}: GET {path}")
+        out = {n: h for n, h in by_name.items() if h.state != HostState.SERVING}
+        if len(out) < len(by_name) and _OUT in self._views:  # keep only what is out: the next delta adds to it
+            self._views[_OUT] = (self._views[_OUT][0], out)
+        return list(out.values())
 
     def jobs(self, hosts: list[str] | None = None) -> list[Job]:
         if hosts is not None and not hosts:

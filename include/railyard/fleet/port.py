@@ -88,6 +88,16 @@ class HealthGate(Protocol):
 
 
 @runtime_checkable
+class ReadsHostsOut(Protocol):
+    """A fleet that can list its hosts out of service without sending every host: what a stop's capacity
+    check needs of the fleet beyond its own domain (a 76,800-host fleet's read is 17 MB; its hosts out, a
+    domain's or so). Fleets without it are read whole."""
+
+    def hosts_out(self) -> list[Host]:
+        """Every host whose state is not serving (draining, drained, upgrading, failed, in repair...)."""
+
+
+@runtime_checkable
 class TendsDetachedWork(Protocol):
     """A fleet whose long work runs detached on the hosts (SSH, Slurm's runner): a waiting write step tends
     it every few seconds, relaunching what stopped. Never called by a read."""

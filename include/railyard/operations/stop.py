@@ -16,12 +16,13 @@ from typing import Any
 
 from railyard.domain import windows
 from railyard.domain.config import DomainSpec, RailyardConfig, TimeoutsSpec, TrainSpec
-from railyard.domain.models import BROKEN_STATES, Host, HostState, Job
+from railyard.domain.models import BROKEN_STATES, CheckResult, Host, HostState, Job
 from railyard.domain.planning import budget_for, pending, pending_steps, pool_hosts, stop_estimate_s
 from railyard.fleet.port import (
     Fleet,
     FleetError,
     HealthGate,
+    ReadsHostsOut,
     RequeuesSilentJobs,
     Reservations,
     TendsDetachedWork,
@@ -224,8 +225,8 @@ class Stop:
             return Decision("wait", f"freeze date {windows.iso(now)[:10]} in force")
         if self.kind == "outside":
             return self._take_outside(probe)
-        fleet_hosts = self.fleet.hosts()
-        mine = [h for h in fleet_hosts if h.domain == self.domain.name]
+        read, unavailable = self._fleet_around(list(self.domain.hosts))
+        mine = [h for h in read.values() if h.domain == self.domain.name]
         workable = [h for h in mine if h.state not in BROKEN_STATES]
         if not any(pending(self.targets_for(h.name), h) for h in workable):
             if not probe:
@@ -247,7 +248,6 @@ class Stop:
                 f"a stop of ~{need / 60:.0f} min does not fit in the window "
                 f"({windows.describe(self.train.window)}) at {windows.iso(now)}{when}",  # type: ignore[arg-type]
             )
-        unavailable = self._unavailable(fleet_hosts)
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=list(self.domain.hosts),
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
@@ -264,9 +264,20 @@ class Stop:
         d = self.ledger.acquire_domain(
             self.op_id, train=self.train.id, domain=self.domain.name, hosts=self.hosts,
             budget=budget_for(self.config, self.domain.sku), pool_hosts=pool_hosts(self.config, self.domain.sku),
-            unavailable=self._unavailable(self.fleet.hosts()), actor=self.actor, kind="outside", probe=probe,
+            unavailable=self._fleet_around([])[1], actor=self.actor, kind="outside", probe=probe,
         )
         return Decision("wait", d.reason) if d.outcome == "stop" else d
+
+    def _fleet_around(self, names: list[str]) -> tuple[dict[str, Host], list[str]]:
+        """The hosts `names` as the fleet has them (by name), and the fleet's hosts that count against capacity
+        (`_unavailable`): from its hosts out of service when it can list them (two reads that do not grow
+        with the fleet around the domain), else from one read of the whole fleet."""
+        if isinstance(self.fleet, ReadsHostsOut):
+            out = self.fleet.hosts_out()
+            return {h.name: h for h in self.fleet.hosts(names)} if names else {}, self._unavailable(out)
+        every = self.fleet.hosts()
+        wanted = set(names)
+        return {h.name: h for h in every if h.name in wanted}, self._unavailable(every)
 
     def _unavailable(self, fleet_hosts: Iterable[Host]) -> list[str]:
         """Every host that does not serve, whatever put it there, but the ones this stop would take: broken
@@ -280,14 +291,13 @@ class Stop:
     def _take_emergency(self, probe: bool = False) -> Decision:
         """An emergency ignores windows, freezes and dodges (its reason is on record), waits ahead of
         every train, and takes over hosts a train's stop already has out instead of waiting for them."""
-        fleet_hosts = {h.name: h for h in self.fleet.hosts()}
+        fleet_hosts, unavailable = self._fleet_around(self.hosts)
         workable = [fleet_hosts[n] for n in self.hosts if fleet_hosts[n].state not in BROKEN_STATES]
         if not any(pending(self.targets, h) for h in workable):
             return Decision("skip", f"every host in scope on {self.domain.name} is already at target")
         holders = self.ledger.holdings()
         trains = sorted({holders[h] for h in self.hosts if h in holders
                          and (self.ledger.operation(holders[h]) or {}).get("kind") == "train_stop"})
-        unavailable = self._unavailable(fleet_hosts.values())
         budget = budget_for(self.config, self.domain.sku)
         if self.domains_at_once > budget.max_domains_down:  # large scale, with a stated reason
             largest = max(len(d.hosts) for d in self.config.domains if d.sku == self.domain.sku)
@@ -447,37 +457,44 @@ class Stop:
     # ---- 3. drain ------------------------------------------------------------------------------
     def drain(self) -> dict[str, Any]:
         held = self._require_lease()
-        to_drain = [h.name for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
+        serving = [h for h in self.fleet.hosts(held) if h.state == HostState.SERVING]
+        to_drain = [h.name for h in serving]
+        jobs = None
         if to_drain and not self.skip_checkpoint_reason:
-            self._fresh_before_drain(to_drain)
+            jobs = self._fresh_before_drain(to_drain)
         elif to_drain:
             self._cost_of_skipping(to_drain)
         if to_drain:
-            self._record_loss(to_drain)
+            self._record_loss(to_drain, jobs)
             self.fleet.drain(to_drain, self.op_id)
+            # while the hosts drain: the note, their versions before any install (for the run's report; the
+            # upgrade records any host it finds unrecorded), and the capacity with the domain out
             self.ledger.note(self.op_id, "drain", to_drain, f"{self.kind} {self.train.id}", actor=self.actor)
-        self._wait_drained(held)
+            self.ledger.record_versions_before(self.op_id, {h.name: h.versions for h in serving})
         self._sample_capacity()
+        self._wait_drained(held)
         return {"drained": len(to_drain)}
 
-    def _record_loss(self, hosts: list[str]) -> None:
+    def _record_loss(self, hosts: list[str], jobs: list[Job] | None = None) -> None:
         """The GPU-hours each running job on `hosts` loses to the drain (its work since its last checkpoint),
-        for the run's report: a job's first figure stays (a retried drain finds it requeued)."""
-        jobs = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
+        for the run's report: a job's first figure stays (a retried drain finds it requeued). `jobs`: the
+        running jobs on `hosts` as just read (None: read them)."""
+        if jobs is None:
+            jobs = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
         if jobs:
             now = self.fleet.now()
             self.ledger.add_detail_entries(self.op_id, "gpu_hours_lost", {
                 j.id: round(max(0.0, now - j.last_checkpoint) / 3600 * j.gpus, 4) for j in jobs})
 
-    def _fresh_before_drain(self, hosts: list[str]) -> None:
+    def _fresh_before_drain(self, hosts: list[str]) -> list[Job]:
         """Invariant 5 at the drain itself, whatever happened to the checkpoint wait (marked success by hand,
         a job placed on the domain after it passed): every running job on `hosts` has checkpointed since it
         was asked to. A job never asked (the request was never made, or the job came later) is asked now;
         then the drain waits, within `checkpoint_wait_s`, or refuses to drain. An emergency's stated skip
-        (`skip_checkpoint_reason`) is the only way past it."""
+        (`skip_checkpoint_reason`) is the only way past it. Returns the running jobs on `hosts` as last read."""
         jobs = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
         if not jobs:
-            return
+            return jobs
         recorded = self.ledger.detail(self.op_id).get("checkpoint_requested_at")
         since = float(recorded) if recorded is not None else None
         asked_at = {j.id: max(since or float("-inf"), j.checkpoint_requested_at or float("-inf")) for j in jobs}
@@ -492,8 +509,14 @@ class Stop:
             asked_at.update({jid: at for jid in late})
             self.say(f"{self.domain.name}: asked {', '.join(late)} to checkpoint before the drain")
 
+        if not late and all(j.last_checkpoint >= asked_at[j.id] for j in jobs):
+            return jobs  # every one checkpointed since it was asked, as just read
+        running = jobs
+
         def probe() -> tuple[bool, str]:
-            now = [j for j in self.fleet.jobs(hosts) if j.state == "running" and j.id in asked_at]
+            nonlocal running
+            running = [j for j in self.fleet.jobs(hosts) if j.state == "running"]
+            now = [j for j in running if j.id in asked_at]
             stale = sorted(j.id for j in now if j.last_checkpoint < asked_at[j.id])
             return not stale, (f"waiting before the drain for checkpoints of {', '.join(stale)}" if stale
                                else "every job on the domain has a fresh checkpoint")
@@ -503,12 +526,14 @@ class Stop:
         except StopError as exc:
             raise StopError(f"{self.domain.name}: not drained, jobs would lose work since their last checkpoint: "
                             f"{exc}") from None
+        return running
 
-    def _drained_again(self, names: list[str]) -> list[Host]:
+    def _drained_again(self, names: list[str], read: dict[str, Host] | None = None) -> list[Host]:
         """The held hosts `names` as the fleet has them, once any it put back in service (a Slurm controller
         restart loses drains) is drained again: nothing is installed on or checked on a serving host. One
-        read of the fleet when no drain was lost."""
-        now = self._adopt(self.fleet.hosts(names))
+        read of the fleet when no drain was lost; none when `read` (the step's own read of them, nothing
+        written since) is given."""
+        now = self._adopt([read[n] for n in names] if read is not None else self.fleet.hosts(names))
         lost = [h.name for h in now if h.state == HostState.SERVING]
         if not lost:
             return now
@@ -546,6 +571,19 @@ class Stop:
                 moved = True
         return self.fleet.hosts([h.name for h in hosts]) if moved else hosts
 
+    def _wait_idle(self, names: list[str], what: str, timeout: float, status: str) -> dict[str, Host]:
+        """Until none of `names` installs or checks (for another operation, before a takeover); the hosts as
+        the last poll read them."""
+        last: dict[str, Host] = {}
+
+        def probe() -> tuple[bool, str]:
+            last.clear()
+            last.update((h.name, h) for h in self.fleet.hosts(names))
+            return not any(h.state in (HostState.UPGRADING, HostState.CHECKING) for h in last.values()), status
+
+        self._wait(what, timeout, probe)
+        return last
+
     def _wait_drained(self, names: list[str]) -> None:
         """Until none of `names` serves or drains."""
         def probe() -> tuple[bool, str]:
@@ -575,12 +613,12 @@ class Stop:
     def upgrade(self) -> dict[str, Any]:
         held = self._require_lease()
         # hosts taken over from another operation may still be installing or checking for it
-        self._wait("in-flight work", self.timeouts.upgrade_s, lambda: (
-            not [h for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)],
-            "waiting for work in flight"))
-        self._settle_repairs(self.fleet.hosts(held))  # a host this stop offboarded is never upgraded by it again
+        seen = self._wait_idle(held, "in-flight work", self.timeouts.upgrade_s, "waiting for work in flight")
+        # a host this stop offboarded is never upgraded by it again
+        settled = self._settle_repairs(seen.values())
         mine = self.ledger.holdings(self.op_id)  # hosts taken over meanwhile (an emergency) are not ours any more
-        drained = [h for h in self._drained_again([n for n in held if n in mine])
+        ours = [n for n in held if n in mine]
+        drained = [h for h in self._drained_again(ours, None if settled else seen)
                    if h.state == HostState.DRAINED and h.last_error is None]
         self.ledger.record_versions_before(self.op_id, {h.name: h.versions for h in drained})  # first attempt's
         work = {h.name: pending_steps(self.targets_for(h.name), h) for h in drained}
@@ -590,22 +628,27 @@ class Stop:
         if started:
             self.ledger.note(self.op_id, "upgrade", started, _fmt_targets(self.targets), actor=self.actor)
 
+        last: list[Host] = []
+
         def probe() -> tuple[bool, str]:
-            now = self.fleet.hosts(held)
+            last[:] = now = self.fleet.hosts(held)
             busy = [h for h in now if h.state == HostState.UPGRADING]
             done = sum(1 for h in now
                        if h.state != HostState.UPGRADING and not pending(self.targets_for(h.name), h))
             return not busy, f"upgraded {done}/{len(now)} ({len(busy)} installing)"
 
         self._wait("upgrade", self.timeouts.upgrade_s, probe)
+        holding = set(self.held())  # an emergency may have taken some over meanwhile
+        # the poll that saw the last install end (read again should the lease hold a host it did not read)
+        after = [h for h in last if h.name in holding] if holding <= {h.name for h in last} else \
+            self.fleet.hosts(sorted(holding))
         offboarded = []
-        held = self.held()  # an emergency may have taken some over meanwhile
-        seen = set(self.offboarded())
-        for h in self.fleet.hosts(held):
+        known = set(self.offboarded())
+        for h in after:
             if h.state == HostState.DRAINED and h.last_error:
-                self.offboard(h.name, f"upgrade failed: {h.last_error}", seen)
+                self.offboard(h.name, f"upgrade failed: {h.last_error}", known)
                 offboarded.append(h.name)
-        upgraded = [h.name for h in self.fleet.hosts(held) if h.state == HostState.DRAINED]
+        upgraded = [h.name for h in after if h.state == HostState.DRAINED and h.name not in offboarded]
         return {"upgraded": len(upgraded), "offboarded": offboarded}
 
     # ---- 5. health check -----------------------------------------------------------------------
@@ -614,11 +657,13 @@ class Stop:
         held = self._require_lease()
         names = hosts if hosts is not None else held
         # nor checked by it; `known`: what it offboarded, read once
-        known = self._settle_repairs(self.fleet.hosts(held)) if hosts is None else set(self.offboarded())
+        first = {h.name: h for h in self.fleet.hosts(held)} if hosts is None else None
+        known = self._settle_repairs(first.values()) if first is not None else set(self.offboarded())
         mine = self.ledger.holdings(self.op_id)  # not the hosts taken over meanwhile
         ours = [n for n in names if n in mine]
         others = [n for n in names if n not in mine]
-        now = (self._drained_again(ours) if ours else []) + (self.fleet.hosts(others) if others else [])
+        read = first if first is not None and not known else None  # nothing handed over since that read
+        now = (self._drained_again(ours, read) if ours else []) + (self.fleet.hosts(others) if others else [])
         todo_hosts = {h.name: h for h in now if h.state in (HostState.DRAINED, HostState.CHECKING)}
         todo = list(todo_hosts)
         expect = {n: self.expected(h) for n, h in todo_hosts.items()}
@@ -629,8 +674,10 @@ class Stop:
             self.ledger.note(self.op_id, "check", start, "deep health check at " + _fmt_targets(self.targets),
                              actor=self.actor)
 
+        results: list[CheckResult] = []
+
         def probe() -> tuple[bool, str]:
-            res = self.fleet.check_results(todo, self.op_id) if todo else []
+            results[:] = res = self.fleet.check_results(todo, self.op_id) if todo else []
             pending = [r for r in res if r.status == "pending"] + [None] * (len(todo) - len(res))
             passed = sum(1 for r in res if r.status == "passed")
             return not pending, f"health checks passed {passed}/{len(todo)} ({len(pending)} running)"
@@ -639,7 +686,7 @@ class Stop:
         still = set(self.held())  # an emergency may have taken some over meanwhile
         verdicts: list[tuple[str, bool, str | None]] = []  # host, passed, reason
         versions: dict[str, dict[str, str]] = {}
-        for r in self.fleet.check_results(todo, self.op_id) if todo else []:
+        for r in results:  # as the poll that saw the last check end read them
             if r.host not in still:
                 continue
             want = expect.get(r.host, self.targets_for(r.host))
@@ -709,13 +756,16 @@ class Stop:
                 self.ledger.record_visit(self.train.id, self.domain.name, self.fleet.now(), self.op_id)
             return {"returned": 0, "offboarded": self.offboarded()}
 
+        last: list[Host] = []
+
         def settled() -> tuple[bool, str]:
-            busy = [h.name for h in self.fleet.hosts(held) if h.state in (HostState.UPGRADING, HostState.CHECKING)]
+            last[:] = self.fleet.hosts(held)
+            busy = [h.name for h in last if h.state in (HostState.UPGRADING, HostState.CHECKING)]
             return not busy, f"waiting for {len(busy)} host(s) still busy before return"
 
         self._wait("in-flight work", self.timeouts.upgrade_s, settled)
-        hosts = self.fleet.hosts(held)
-        self._settle_repairs(hosts)
+        hosts = list(last)
+        repaired_before = self._settle_repairs(hosts)
         held = self.held()
         holding = set(held)
         hosts = [h for h in hosts if h.name in holding]
@@ -730,11 +780,16 @@ class Stop:
         if gate:
             self.say(f"{self.domain.name}: {len(gate)} host(s) not yet verified; checking before return")
             self.check(gate)
-        if any(h.state == HostState.DRAINING for h in self.fleet.hosts(held)):
-            self._wait("drain before return", self.timeouts.drain_s,
-                       lambda: (all(h.state != HostState.DRAINING for h in self.fleet.hosts(held)), "draining"))
-        hosts = self.fleet.hosts(held)
-        known = self.ledger.verifications(self.op_id)
+        if unverified or repaired_before:  # the fleet was written since that read: read the hosts again
+            hosts = self.fleet.hosts(held)
+            known = self.ledger.verifications(self.op_id)
+        if any(h.state == HostState.DRAINING for h in hosts):
+            def drained() -> tuple[bool, str]:
+                last[:] = self.fleet.hosts(held)
+                return all(h.state != HostState.DRAINING for h in last), "draining"
+
+            self._wait("drain before return", self.timeouts.drain_s, drained)
+            hosts = list(last)
         back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
         returning = set(back)
         stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in returning]
@@ -752,9 +807,12 @@ class Stop:
 
         self._wait("return", self.timeouts.return_s, probe)
         # hosts that another run of this teardown returned meanwhile (two reconcilers) are on their way too
-        self._wait("return", self.timeouts.return_s, lambda: (
-            not [h for h in self.fleet.hosts(self.held()) if h.state == HostState.RETURNING], "returning"))
-        final = self.fleet.hosts(self.held())
+        def returned() -> tuple[bool, str]:
+            last[:] = self.fleet.hosts(self.held())
+            return not [h for h in last if h.state == HostState.RETURNING], "returning"
+
+        self._wait("return", self.timeouts.return_s, returned)
+        final = list(last)
         # offboarded meanwhile (a stray, a failed gate): never released in repair
         self._settle_repairs(final, handovers=False)
         still = self.ledger.holdings(self.op_id)
@@ -834,7 +892,7 @@ class Stop:
                                                               "from": self.op_id})
         self.fleet.handover([host], self.op_id, repair_op)
 
-    def _settle_repairs(self, hosts: list[Host], *, handovers: bool = True) -> set[str]:
+    def _settle_repairs(self, hosts: Iterable[Host], *, handovers: bool = True) -> set[str]:
         """Finish every offboard a crash or a lost answer left half-done, before any lease is released:
         a held host the fleet has in repair goes to its repair operation (never released with no repair
         holding it), and a host whose lease a repair took while the fleet still names this operation is

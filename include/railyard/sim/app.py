@@ -249,10 +249,10 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike[str] |
     return token
 
 
-def _host_changes(engine: SimEngine, names: list[str] | None, since: str | None) -> Response:
+def _host_changes(engine: SimEngine, names: list[str] | None, since: str | None, out: bool = False) -> Response:
     """The hosts asked for, with this read's cursor; with `since` (an earlier cursor of this simulator), only
-    those that changed since, which the CHANGES_HEADER says."""
-    cursor, content, delta = engine.host_changes(names, since)
+    those that changed since, which the CHANGES_HEADER says. `out`: see `SimEngine.host_changes`."""
+    cursor, content, delta = engine.host_changes(names, since, out)
     headers = {CURSOR_HEADER: cursor} | ({CHANGES_HEADER: since} if delta and since else {})
     return Response(content=content, media_type="application/json", headers=headers)
 
@@ -336,10 +336,16 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
         names: Annotated[str | None, Query(description="comma-separated host names; all when absent")] = None,
         since: Annotated[Cursor | None, Query(description=f"a cursor an earlier read answered (header "
                                                           f"{CURSOR_HEADER}): only the hosts changed since")] = None,
+        out: Annotated[bool, Query(description="without `names`: only the hosts not serving, the ones that count "
+                                               "against capacity; with `since`, still every host changed since, "
+                                               "whatever its state")] = False,
     ) -> Any:
         # the engine's own JSON (each host's built once per change of it), not a model per host per call:
         # a fleet of 76,800 hosts answers in milliseconds instead of seconds
-        return _host_changes(engine, _names(names, "names"), since)
+        if out and names is not None:
+            raise HTTPException(status_code=422, detail="out= reads the whole fleet's hosts out of service; "
+                                                        "it takes no names")
+        return _host_changes(engine, _names(names, "names"), since, out)
 
     _bulk(v1, engine)
 

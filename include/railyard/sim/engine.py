@@ -329,6 +329,7 @@ class SimEngine:
         self._host_rev: dict[str, int] = {}
         self._host_log: list[tuple[int, str]] = []
         self._free: set[str] = set()  # the hosts serving with no job, kept as hosts change (for placing jobs)
+        self._not_serving: set[str] = set()  # kept as hosts change (for reads of the hosts out of service)
         self._check_rev: dict[str, int] = {}  # "host\top" -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, tuple[str, bytes]] = {}  # name -> (snapshot JSON, API JSON), until it changes
@@ -371,6 +372,11 @@ class SimEngine:
         return [self._host(n).public() for n in names]
 
     @_read
+    def hosts_out(self) -> list[Host]:
+        """The hosts not serving, in name order (`railyard.fleet.port.ReadsHostsOut`)."""
+        return [self._hosts[n].public() for n in sorted(self._not_serving)]
+
+    @_read
     def hosts_json(self, names: list[str] | None = None) -> bytes:
         """`hosts(names)` as a JSON array of `Host` objects, for the API. The whole fleet's is built
         once per change of the world, so repeated reads of a large fleet cost nothing."""
@@ -382,13 +388,19 @@ class SimEngine:
         return payload
 
     @_read
-    def host_changes(self, names: list[str] | None, since: str | None) -> tuple[str, bytes, bool]:
+    def host_changes(self, names: list[str] | None, since: str | None,
+                     out: bool = False) -> tuple[str, bytes, bool]:
         """(cursor, JSON array of hosts, delta): the hosts among `names` (None: the fleet) that changed
         after `since`, a cursor an earlier call returned. delta is False when `since` is not a cursor of this
         engine (another process's, a malformed one): then every host asked for is in the answer. Pass the
-        returned cursor next time; a host is in an answer whenever anything of its public view may differ."""
+        returned cursor next time; a host is in an answer whenever anything of its public view may differ.
+        `out` (the fleet only): a whole answer holds only the hosts not serving; a delta, as ever, every host
+        that changed, whatever its state (so that a reader drops the ones back in service)."""
         cursor = f"{self._epoch}.{self._seq}"
         after = self._cursor_seq(since)
+        if after is None and out and names is None:
+            # in name order, as a read of the whole fleet is (`_names` is sorted)
+            return cursor, b"[" + b",".join(self._host_part(n)[1] for n in sorted(self._not_serving)) + b"]", False
         if after is None:
             return cursor, self.hosts_json(names), False
         if names is None:
@@ -1017,6 +1029,10 @@ class SimEngine:
                     self._free.add(key)
                 else:
                     self._free.discard(key)
+                if h.state == HostState.SERVING:
+                    self._not_serving.discard(key)
+                else:
+                    self._not_serving.add(key)
                 self._set_due(item, self._host_due(h))
             elif kind == "jobs":
                 job = self._jobs[key]

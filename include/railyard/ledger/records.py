@@ -271,11 +271,20 @@ class Records(LedgerBase):
         if not verdicts:
             return
         now = self.clock()
+        encoded: dict[tuple[tuple[str, str], ...], str] = {}  # a domain's hosts found at one set of versions
+
+        def dumps(versions: dict[str, str]) -> str:
+            key = tuple(sorted(versions.items()))
+            found = encoded.get(key)
+            if found is None:
+                found = encoded[key] = json.dumps(dict(key))
+            return found
+
         with self.engine.begin() as c:
             c.execute(verifications.delete().where(verifications.c.op_id == op_id,
                                                    among(c, verifications.c.host, [v[0] for v in verdicts])))
             c.execute(insert(verifications), [
-                {"op_id": op_id, "host": host, "passed": int(passed), "versions": json.dumps(versions, sort_keys=True),
+                {"op_id": op_id, "host": host, "passed": int(passed), "versions": dumps(versions),
                  "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
             # the audit: one row for the hosts that passed (a domain's thousands), one per failure with its reason
             passed_hosts = [host for host, passed, _versions, _reason in verdicts if passed]

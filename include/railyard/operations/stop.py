@@ -132,17 +132,22 @@ class Stop:
 
     @property
     def targets(self) -> dict[str, str]:
+        return dict(self._targets())
+
+    def _targets(self) -> dict[str, str]:
+        """`targets` itself, not a copy (asked for each of a domain's hosts, several times a step): never changed."""
         if self.fixed_targets is not None:
-            return dict(self.fixed_targets)
-        if self._train_targets is None:  # asked for each of a domain's hosts, several times a step
+            return self.fixed_targets
+        if self._train_targets is None:
             self._train_targets = self.config.train_targets(self.train)
-        return dict(self._train_targets)
+        return self._train_targets
 
     def targets_for(self, host: str) -> dict[str, str]:
         """What this stop brings `host` to: the train's releases that the host's rollout phase admits,
         in apply order (railyard.operations.releases); exactly `targets` when no rollout or rule is configured.
         Outside work (railyard.operations.outside) installs nothing: a host's targets are the versions it had
-        when it was handed over, which its check must find again."""
+        when it was handed over, which its check must find again. A train stop's answer is shared: read it,
+        never change it."""
         if self.kind == "outside":
             if self._host_targets is None or host not in self._host_targets:
                 self._host_targets = self.ledger.versions_before(self.op_id)
@@ -152,7 +157,7 @@ class Stop:
         if self._host_targets is None:  # computed once per Stop; frozen in the ledger once the domain is held
             self._host_targets = stop_host_targets(self)
         found = self._host_targets.get(host)
-        return self.targets if found is None else found
+        return self._targets() if found is None else found
 
     @property
     def timeouts(self) -> TimeoutsSpec:
@@ -689,7 +694,7 @@ class Stop:
         for r in results:  # as the poll that saw the last check end read them
             if r.host not in still:
                 continue
-            want = expect.get(r.host, self.targets_for(r.host))
+            want = expect[r.host] if r.host in expect else self.targets_for(r.host)
             ok = r.status == "passed" and all(r.versions.get(c) == v for c, v in want.items())
             broken = releases.broken_rules(self.config.rules(), dict(r.versions)) if ok and self.closing else []
             reason = r.reason or ("" if ok else "versions not at target")
@@ -703,7 +708,7 @@ class Stop:
         self.ledger.record_verifications(self.op_id, [(h, ok, versions[h], why) for h, ok, why in verdicts])
         # a check at versions no release brought is no outcome
         record_outcomes(self, [(host, ok, why or "") for host, ok, why in verdicts
-                               if expect.get(host, self.targets_for(host)) == self.targets_for(host)])
+                               if host not in expect or expect[host] == self.targets_for(host)])
         failed: list[str] = []
         for host, ok, why in verdicts:
             reason = why or ""
@@ -780,7 +785,8 @@ class Stop:
         if gate:
             self.say(f"{self.domain.name}: {len(gate)} host(s) not yet verified; checking before return")
             self.check(gate)
-        if unverified or repaired_before:  # the fleet was written since that read: read the hosts again
+        reread = bool(unverified or repaired_before)
+        if reread:  # the fleet was written since that read: read the hosts again
             hosts = self.fleet.hosts(held)
             known = self.ledger.verifications(self.op_id)
         if any(h.state == HostState.DRAINING for h in hosts):
@@ -789,8 +795,11 @@ class Stop:
                 return all(h.state != HostState.DRAINING for h in last), "draining"
 
             self._wait("drain before return", self.timeouts.drain_s, drained)
-            hosts = list(last)
-        back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
+            hosts, reread = list(last), True
+        if reread:
+            back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
+        else:  # the hosts and verdicts just judged: every drained one passed
+            back = [h.name for h in hosts if h.state == HostState.DRAINED]
         returning = set(back)
         stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in returning]
         seen = set(self.offboarded())
@@ -903,6 +912,8 @@ class Stop:
         for h in hosts:
             if h.state == HostState.REPAIR:
                 self._record_offboard(h.name, h.reason or f"found in repair while held by {self.op_id}", seen)
+        if not seen:  # nothing offboarded: nothing half handed over
+            return seen
         # offboarded, but still leased here (the step died before the lease went to its repair): the repair gets
         # it now, whatever the fleet did with it meanwhile (a repair team done with it), never this stop's work
         for name in sorted(seen & set(self.ledger.holdings(self.op_id))):

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from railyard.domain.config import RailyardConfig
-from railyard.domain.models import TOKEN_RE, Capacity, CheckResult, Host, Job, Step, Token, check_token
+from railyard.domain.models import TOKEN_RE, Capacity, CheckResult, FleetToken, Host, Job, Step, check_token
 from railyard.fleet import FleetNotFound
 from railyard.fleet.http import CHANGES_HEADER, CURSOR_HEADER
 from railyard.fleet.port import FleetError
@@ -69,7 +69,7 @@ class Health(Body):
 
 
 class CheckpointRequest(Body):
-    jobs: list[Token] = Field(description="job ids to checkpoint now")
+    jobs: list[FleetToken] = Field(description="job ids to checkpoint now")
 
 
 class CheckpointAck(Body):
@@ -77,7 +77,7 @@ class CheckpointAck(Body):
 
 
 class HostsRequest(Body):
-    hosts: list[Token] = Field(min_length=1, description="host names")
+    hosts: list[FleetToken] = Field(min_length=1, description="host names")
     op: OpId
 
 
@@ -87,24 +87,24 @@ class UpgradeRequest(Body):
 
 
 class CheckRequest(Body):
-    expected: dict[Token, Token] = Field(description="component -> version the host must run")
+    expected: dict[FleetToken, FleetToken] = Field(description="component -> version the host must run")
     op: OpId
 
 
 class UpgradesRequest(Body):
-    hosts: dict[Token, list[Step]] = Field(min_length=1, description="host -> components to bring to versions, "
-                                                                   "in order (a domain's hosts in one call)")
+    hosts: dict[FleetToken, list[Step]] = Field(
+        min_length=1, description="host -> components to bring to versions, in order (a domain's hosts in one call)")
     op: OpId
 
 
 class ChecksRequest(Body):
-    hosts: dict[Token, dict[Token, Token]] = Field(min_length=1, description="host -> component -> version it "
-                                                                             "must run (a domain's hosts in one call)")
+    hosts: dict[FleetToken, dict[FleetToken, FleetToken]] = Field(
+        min_length=1, description="host -> component -> version it must run (a domain's hosts in one call)")
     op: OpId
 
 
 class NamesQuery(Body):
-    names: list[Token] = Field(description="host names (a domain's may be thousands: too many for a URL)")
+    names: list[FleetToken] = Field(description="host names (a domain's may be thousands: too many for a URL)")
 
 
 class HostsQuery(NamesQuery):
@@ -113,7 +113,7 @@ class HostsQuery(NamesQuery):
 
 
 class ChecksQuery(Body):
-    hosts: list[Token] = Field(description="host names")
+    hosts: list[FleetToken] = Field(description="host names")
     op: OpId
     since: Cursor | None = Field(default=None, description="a cursor an earlier read answered "
                                  f"(header {CURSOR_HEADER}): only the checks changed since then")

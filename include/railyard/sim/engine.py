@@ -102,13 +102,6 @@ class _Tracked:
         if sink is not None:
             sink.add(self.__dict__["_key"])
 
-    def fields(self) -> dict[str, Any]:
-        """Its dataclass fields by name (what is saved), without the tracking attributes."""
-        return {k: v for k, v in self.__dict__.items() if k not in _TRACKING}
-
-
-_TRACKING = ("_sink", "_key")
-
 
 @dataclass
 class _Host(_Tracked):
@@ -330,9 +323,9 @@ class SimEngine:
         self._host_log: list[tuple[int, str]] = []
         self._free: set[str] = set()  # the hosts serving with no job, kept as hosts change (for placing jobs)
         self._not_serving: set[str] = set()  # kept as hosts change (for reads of the hosts out of service)
-        self._check_rev: dict[str, int] = {}  # "host\top" -> the `_seq` of its check's last change
+        self._check_rev: dict[str, dict[str, int]] = {}  # op -> host -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
-        self._host_json: dict[str, tuple[str, bytes]] = {}  # name -> (snapshot JSON, API JSON), until it changes
+        self._host_json: dict[str, bytes] = {}  # name -> its API JSON, until it changes
         # What the clock waits for, kept as objects change: each host's and job's next event time, and a heap
         # of (time, key) whose entries are current while they match `_due` (the rest are dropped when seen).
         self._due: dict[tuple[str, str], float] = {}
@@ -382,9 +375,9 @@ class SimEngine:
         once per change of the world, so repeated reads of a large fleet cost nothing."""
         if names is not None:
             # each host's JSON kept as the whole fleet's is: redone only for the hosts that changed
-            return b"[" + b",".join(self._host_part(self._host(n).name)[1] for n in names) + b"]"
+            return b"[" + b",".join(self._host_part(self._host(n).name) for n in names) + b"]"
         payload: bytes = self._cached("hosts_json", lambda: (
-            b"[" + b",".join(self._host_part(n)[1] for n in self._names) + b"]"))
+            b"[" + b",".join(self._host_part(n) for n in self._names) + b"]"))
         return payload
 
     @_read
@@ -400,15 +393,17 @@ class SimEngine:
         after = self._cursor_seq(since)
         if after is None and out and names is None:
             # in name order, as a read of the whole fleet is (`_names` is sorted)
-            return cursor, b"[" + b",".join(self._host_part(n)[1] for n in sorted(self._not_serving)) + b"]", False
+            return cursor, b"[" + b",".join(self._host_part(n) for n in sorted(self._not_serving)) + b"]", False
         if after is None:
             return cursor, self.hosts_json(names), False
         if names is None:
             start = bisect.bisect_right(self._host_log, (after, "\U0010ffff"))
             changed = sorted({n for _, n in self._host_log[start:]})
         else:
-            changed = [h.name for h in (self._host(n) for n in names) if self._host_rev.get(h.name, 0) > after]
-        return cursor, b"[" + b",".join(self._host_part(n)[1] for n in changed) + b"]", True
+            self._known(names)
+            rev = self._host_rev
+            changed = [n for n in names if rev.get(n, 0) > after]
+        return cursor, b"[" + b",".join(self._host_part(n) for n in changed) + b"]", True
 
     def _cursor_seq(self, since: str | None) -> int | None:
         epoch, _, seq = (since or "").partition(".")
@@ -575,7 +570,9 @@ class SimEngine:
         after = self._cursor_seq(since)
         if after is None:
             return cursor, self.check_results_json(hosts, op), False
-        changed = [n for n in (self._host(h).name for h in hosts) if self._check_rev.get(f"{n}\t{op}", 0) > after]
+        self._known(hosts)
+        rev = self._check_rev.get(op, {})
+        changed = [n for n in hosts if rev.get(n, 0) > after]
         return cursor, self.check_results_json(changed, op), True
 
     @_locked
@@ -985,17 +982,18 @@ class SimEngine:
     def _snapshot(self) -> tuple[str, list[tuple[str, str, str]]]:
         """The world to save: the rest as JSON text, and the (kind, key, JSON) row of every host, job and check
         that changed since the last save (`_unsaved`): a change to a 76,800-host fleet writes the hosts it
-        changed, and looks at no other."""
+        changed, and looks at no other. Each object is encoded as the dataclass it is: its declared fields,
+        never the tracking attributes (`_sink`, `_key`) set beside them."""
         self._flush()
         rows: list[tuple[str, str, str]] = []
         for kind, key in sorted(self._unsaved):
             if kind == "hosts":
-                rows.append((kind, key, self._host_part(key)[0]))
+                rows.append((kind, key, _encode(self._hosts[key]).decode()))  # its fields: a dataclass's
             elif kind == "jobs":
-                rows.append((kind, key, _encode(self._jobs[key].fields()).decode()))
+                rows.append((kind, key, _encode(self._jobs[key]).decode()))
             else:
                 host, _, op = key.partition("\t")
-                rows.append((kind, key, _encode(self._checks[(host, op)].fields()).decode()))
+                rows.append((kind, key, _encode(self._checks[(host, op)]).decode()))
         return json.dumps(self._snapshot_rest()), rows
 
     def _track(self, obj: TrackedT) -> TrackedT:
@@ -1042,7 +1040,8 @@ class SimEngine:
                 else:
                     self._pending.discard(key)
             else:
-                self._check_rev[key] = self._seq
+                host, _, op = key.partition("\t")
+                self._check_rev.setdefault(op, {})[host] = self._seq
         self._unsaved |= self._touched
         self._touched.clear()
         self._gen += 1  # what is derived from the hosts (the fleet's JSON, the picture) is made again
@@ -1091,13 +1090,11 @@ class SimEngine:
             self._out[out] += 1
         self._counted[h.name] = (h.state, out)
 
-    def _host_part(self, name: str) -> tuple[str, bytes]:
-        """One host's (snapshot JSON, API JSON), kept until the host changes."""
+    def _host_part(self, name: str) -> bytes:
+        """One host's API JSON, kept until the host changes."""
         hit = self._host_json.get(name)
         if hit is None:
-            h = self._hosts[name]
-            # a dataclass's __dict__ is its fields: asdict() would deep-copy them first, 40x slower
-            hit = self._host_json[name] = (_encode(h.fields()).decode(), _encode(h.row()))
+            hit = self._host_json[name] = _encode(self._hosts[name].row())
         return hit
 
     def _snapshot_rest(self) -> dict[str, Any]:
@@ -1227,6 +1224,12 @@ class SimEngine:
 
     def _sorted_hosts(self) -> list[_Host]:
         return [self._hosts[n] for n in self._names]
+
+    def _known(self, names: list[str]) -> None:
+        """Refuses unless every one of `names` is a host: a domain's thousands checked in one set operation."""
+        if not self._hosts.keys() >= set(names):
+            for n in names:
+                self._host(n)
 
     def _host(self, name: str) -> _Host:
         h = self._hosts.get(name) if isinstance(name, str) else None

@@ -9,17 +9,24 @@ from railyard.backends.slurm.fleet import SlurmFleet
 from railyard.backends.ssh.fleet import SshFleet
 from railyard.fleet.http import HttpFleet
 from railyard.fleet.once import ReadOnce
-from railyard.fleet.port import Fleet, HealthGate, RequeuesSilentJobs, Reservations, TendsDetachedWork
+from railyard.fleet.port import (
+    Fleet,
+    HealthGate,
+    ReadsHostsOut,
+    RequeuesSilentJobs,
+    Reservations,
+    TendsDetachedWork,
+)
 from railyard.sim.engine import SimEngine
 
-CAPS = (Reservations, HealthGate, TendsDetachedWork, RequeuesSilentJobs)
+CAPS = (Reservations, HealthGate, TendsDetachedWork, RequeuesSilentJobs, ReadsHostsOut)
 
 
 @pytest.mark.parametrize(("cls", "expected"), [
     (SlurmFleet, {Reservations, HealthGate, TendsDetachedWork, RequeuesSilentJobs}),
     (SshFleet, {TendsDetachedWork}),
-    (HttpFleet, set()),
-    (SimEngine, set()),
+    (HttpFleet, {ReadsHostsOut}),
+    (SimEngine, {ReadsHostsOut}),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_each_backend_has_the_capabilities_it_implements(cls, expected):
     assert issubclass(cls, Fleet)

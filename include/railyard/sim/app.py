@@ -27,7 +27,8 @@ from typing import Annotated, Any
 import uvicorn
 from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from typing_extensions import TypedDict
 
 from railyard.domain.config import RailyardConfig
 from railyard.domain.models import TOKEN_RE, Capacity, CheckResult, FleetToken, Host, Job, Step, check_token
@@ -91,8 +92,30 @@ class CheckRequest(Body):
     op: OpId
 
 
+@with_config(ConfigDict(extra="forbid", title="Step"))
+class StepBody(TypedDict):
+    """`Step` as a bulk body carries it: a domain's upgrade is thousands of steps, checked inside pydantic-core
+    without a model built for each (`_steps` makes one `Step` per distinct pair)."""
+
+    component: FleetToken
+    version: FleetToken
+
+
+def _steps(work: dict[str, list[StepBody]]) -> dict[str, list[Step]]:
+    made: dict[tuple[str, str], Step] = {}
+
+    def step(s: StepBody) -> Step:
+        key = (s["component"], s["version"])
+        found = made.get(key)
+        if found is None:
+            found = made[key] = Step(component=key[0], version=key[1])
+        return found
+
+    return {host: [step(s) for s in steps] for host, steps in work.items()}
+
+
 class UpgradesRequest(Body):
-    hosts: dict[FleetToken, list[Step]] = Field(
+    hosts: dict[FleetToken, list[StepBody]] = Field(
         min_length=1, description="host -> components to bring to versions, in order (a domain's hosts in one call)")
     op: OpId
 
@@ -277,7 +300,7 @@ def _bulk(v1: APIRouter, engine: SimEngine) -> None:
 
     @v1.post("/hosts/upgrade", response_model=Count, summary="Start the upgrades of many drained hosts")
     def upgrade_hosts(body: UpgradesRequest) -> Any:
-        engine.upgrade_hosts(body.hosts, body.op)
+        engine.upgrade_hosts(_steps(body.hosts), body.op)
         return {"hosts": len(body.hosts)}
 
     @v1.post("/hosts/check", response_model=Count, summary="Start the deep health checks of many drained hosts")

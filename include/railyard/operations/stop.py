@@ -796,10 +796,8 @@ class Stop:
 
             self._wait("drain before return", self.timeouts.drain_s, drained)
             hosts, reread = list(last), True
-        if reread:
-            back = [h.name for h in hosts if h.state == HostState.DRAINED and self.verified(h, known)]
-        else:  # the hosts and verdicts just judged: every drained one passed
-            back = [h.name for h in hosts if h.state == HostState.DRAINED]
+        # not read again: the hosts and verdicts just judged, where every drained host passed
+        back = [h.name for h in hosts if h.state == HostState.DRAINED and (not reread or self.verified(h, known))]
         returning = set(back)
         stray = [h.name for h in hosts if h.state == HostState.DRAINED and h.name not in returning]
         seen = set(self.offboarded())

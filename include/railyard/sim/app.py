@@ -95,23 +95,10 @@ class CheckRequest(Body):
 @with_config(ConfigDict(extra="forbid", title="Step"))
 class StepBody(TypedDict):
     """`Step` as a bulk body carries it: a domain's upgrade is thousands of steps, checked inside pydantic-core
-    without a model built for each (`_steps` makes one `Step` per distinct pair)."""
+    without a model built for each (the engine makes one `Step` per distinct pair)."""
 
     component: FleetToken
     version: FleetToken
-
-
-def _steps(work: dict[str, list[StepBody]]) -> dict[str, list[Step]]:
-    made: dict[tuple[str, str], Step] = {}
-
-    def step(s: StepBody) -> Step:
-        key = (s["component"], s["version"])
-        found = made.get(key)
-        if found is None:
-            found = made[key] = Step(component=key[0], version=key[1])
-        return found
-
-    return {host: [step(s) for s in steps] for host, steps in work.items()}
 
 
 class UpgradesRequest(Body):
@@ -300,7 +287,7 @@ def _bulk(v1: APIRouter, engine: SimEngine) -> None:
 
     @v1.post("/hosts/upgrade", response_model=Count, summary="Start the upgrades of many drained hosts")
     def upgrade_hosts(body: UpgradesRequest) -> Any:
-        engine.upgrade_hosts(_steps(body.hosts), body.op)
+        engine.upgrade_hosts(body.hosts, body.op)
         return {"hosts": len(body.hosts)}
 
     @v1.post("/hosts/check", response_model=Count, summary="Start the deep health checks of many drained hosts")

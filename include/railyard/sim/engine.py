@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timezone
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -375,7 +375,8 @@ class SimEngine:
         once per change of the world, so repeated reads of a large fleet cost nothing."""
         if names is not None:
             # each host's JSON kept as the whole fleet's is: redone only for the hosts that changed
-            return b"[" + b",".join(self._host_part(self._host(n).name) for n in names) + b"]"
+            self._known(names)
+            return b"[" + b",".join(self._host_part(n) for n in names) + b"]"
         payload: bytes = self._cached("hosts_json", lambda: (
             b"[" + b",".join(self._host_part(n) for n in self._names) + b"]"))
         return payload
@@ -457,12 +458,25 @@ class SimEngine:
         self.upgrade_hosts({host: steps}, op)
 
     @_locked
-    def upgrade_hosts(self, work: dict[str, list[Step]], op: str) -> None:
+    def upgrade_hosts(self, work: Mapping[str, Sequence[Step | Mapping[str, Any]]], op: str) -> None:
         """Start the upgrades of many drained hosts in one call, in the order given; a host refused does
         not stop the others, and the first refusal is raised once every host was tried."""
         self._check_op(op)
-        checked = {self._host(n).name: [s if isinstance(s, Step) else Step.model_validate(s) for s in steps]
-                   for n, steps in work.items()}
+        self._known(list(work))
+        made: dict[tuple[Any, Any], Step] = {}  # a domain's hosts share their steps: one Step a pair
+
+        def step(s: Step | Mapping[str, Any]) -> Step:
+            if isinstance(s, Step):
+                return s
+            key = (s.get("component"), s.get("version")) if isinstance(s, Mapping) and len(s) == 2 else None
+            if key is None or not all(isinstance(v, str) for v in key):
+                return Step.model_validate(s)  # refuses, naming the field, what is not a step
+            found = made.get(key)
+            if found is None:
+                found = made[key] = Step.model_validate(s)
+            return found
+
+        checked = {n: [step(s) for s in steps] for n, steps in work.items()}
         for host, steps in checked.items():
             for s in steps:
                 if s.component not in self._components:

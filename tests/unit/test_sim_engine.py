@@ -405,6 +405,62 @@ def test_a_reads_catching_up_is_saved_by_the_next_write_and_brought_about_again_
     sim.close()
 
 
+def test_the_next_transition_is_a_hosts_not_a_jobs_and_looking_changes_nothing(sim: SimEngine,
+                                                                                  clock: FakeClock) -> None:
+    """`next_transition_in` is the real time to the next end of a host's transition; the jobs' checkpoints,
+    due all along, do not count; asking brings nothing about."""
+    assert sim.next_transition_in() is None  # jobs checkpoint on their cadence, no host is in transition
+    sim.drain(["gpu-a1"], "op-1")
+    clock.fleet(30)
+    sim.drain(["gpu-a2"], "op-1")
+    assert sim.next_transition_in() == pytest.approx(90 / SPEED)  # gpu-a1's drain, 120 s from its start
+    clock.fleet(100)
+    assert sim.next_transition_in() == 0.0  # a1's end is past and not yet brought about
+    assert sim._hosts["gpu-a1"].state == HostState.DRAINING  # looking did not advance the world
+    sim.advance()
+    assert sim.next_transition_in() == pytest.approx(20 / SPEED)  # now gpu-a2's
+    clock.fleet(20)
+    sim.advance()
+    assert sim.next_transition_in() is None
+    assert {h.state for h in sim.hosts(["gpu-a1", "gpu-a2"])} == {HostState.DRAINED}
+
+
+def test_the_servers_clock_saves_a_phase_end_as_it_falls_due(tmp_path: Path) -> None:
+    """The server's ticker wakes at the end of each host's transition (not only every `every_s`), so a phase's
+    end is brought about and saved then, before any read comes for it."""
+    from railyard.sim.app import _ticker
+
+    db = str(tmp_path / "sim.db")
+    clock = FakeClock()
+    sim = SimEngine(small_config(), db, clock=clock)
+    sim.drain(["gpu-a1", "gpu-a2"], "op-1")  # ends 120 fleet s = 12 real s from now
+
+    def stored(host: str) -> str:
+        with sqlite3.connect(db) as c:
+            (data,) = c.execute("SELECT data FROM items WHERE kind = 'hosts' AND key = ?", (host,)).fetchone()
+        return str(json.loads(data)["state"])
+
+    class Stop:
+        """`threading.Event` for the ticker: each wait moves the fake clock; the state saved is seen at each."""
+
+        def __init__(self) -> None:
+            self.waits: list[float] = []
+            self.seen: list[str] = []
+
+        def wait(self, s: float) -> bool:
+            self.seen.append(stored("gpu-a1"))
+            self.waits.append(s)
+            clock.t += s
+            return len(self.waits) > 5
+
+    stop = Stop()
+    _ticker(sim, stop, every_s=5.0, soonest_s=0.01)  # type: ignore[arg-type]
+    assert stop.waits == pytest.approx([5.0, 5.0, 2.0, 5.0, 5.0, 5.0])  # the third wait ends with the drain
+    assert stop.seen[:4] == ["draining", "draining", "draining", "drained"]  # saved by the tick, no read
+    assert stored("gpu-a2") == "drained"
+    sim.close()
+
+
 def test_a_db_from_another_fleet_is_refused(tmp_path: Path, clock: FakeClock) -> None:
     db = str(tmp_path / "sim.db")
     SimEngine(small_config(), db, clock=clock).close()

@@ -443,13 +443,19 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     return app
 
 
-def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1) -> None:
-    """Advance the world regularly so the audit is sampled even when nobody calls."""
-    while not stop.wait(every_s):
+def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soonest_s: float = 0.005) -> None:
+    """Advance the world regularly, so the audit is sampled even when nobody calls, and as each host's
+    transition ends: a domain's phase end is brought about (and saved) when it falls due, while the train's
+    next poll is still on its way, rather than inside that poll."""
+    wait = every_s
+    while not stop.wait(wait):
         try:
             engine.advance()
+            due = engine.next_transition_in()
         except Exception:  # keep ticking; a bad tick must not stop the simulator
             log.exception("advance failed")
+            due = None
+        wait = every_s if due is None else min(every_s, max(due, soonest_s))
 
 
 def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None, *,

@@ -330,6 +330,9 @@ class SimEngine:
         # of (time, key) whose entries are current while they match `_due` (the rest are dropped when seen).
         self._due: dict[tuple[str, str], float] = {}
         self._due_heap: list[tuple[float, tuple[str, str]]] = []
+        # When hosts' transitions end (time, name), for the server's clock to wake at (`next_transition_in`);
+        # an entry is current while the host's `until` is still its time.
+        self._until_heap: list[tuple[float, str]] = []
         # The capacity picture, kept as hosts change: hosts per state, and per domain its hosts out for
         # maintenance (not a repair's); `_counted` is what each host was counted as.
         self._states: Counter[HostState] = Counter()
@@ -717,8 +720,23 @@ class SimEngine:
 
     @_locked
     def advance(self) -> float:
-        """Process everything due up to fleet-now; the server calls this ~10 times a second."""
+        """Process everything due up to fleet-now; the server calls this ~10 times a second, and at the end
+        of each transition (`next_transition_in`)."""
         return self._t
+
+    def next_transition_in(self) -> float | None:
+        """Real seconds until the next host's transition (a drain, an install, a check, a return, a repair)
+        ends, or None: the server advances the world then, so that the end of a domain's phase (thousands of
+        hosts changed and saved) is brought about as it falls due, not inside the read that first looks.
+        Changes nothing."""
+        with self._lock:
+            self._flush()
+            heap, hosts = self._until_heap, self._hosts
+            while heap and hosts[heap[0][1]].until != heap[0][0]:
+                heapq.heappop(heap)  # ended, or its host changed since
+            if not heap:
+                return None
+            return max(0.0, (heap[0][0] - self._fleet_now()) / self.speed)
 
     @_locked
     def settings(
@@ -1046,6 +1064,8 @@ class SimEngine:
                 else:
                     self._not_serving.add(key)
                 self._set_due(item, self._host_due(h))
+                if h.until is not None:
+                    heapq.heappush(self._until_heap, (h.until, key))
             elif kind == "jobs":
                 job = self._jobs[key]
                 self._set_due(item, self._job_due(job))
@@ -1062,6 +1082,9 @@ class SimEngine:
         if len(self._host_log) > 2 * len(self._hosts) + 1024:  # each host's latest entry is all "since" needs
             rev = self._host_rev
             self._host_log = [e for e in self._host_log if rev[e[1]] == e[0]]  # still in seq order
+        if len(self._until_heap) > 2 * len(self._hosts) + 1024:
+            self._until_heap = [(h.until, n) for n, h in self._hosts.items() if h.until is not None]
+            heapq.heapify(self._until_heap)
         if len(self._due_heap) > 2 * len(self._due) + 1024:  # drop the entries no longer current
             self._due_heap = [(t, k) for k, t in self._due.items()]
             heapq.heapify(self._due_heap)

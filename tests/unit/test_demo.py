@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from railyard.devstack.demo import first_train, summary
+from railyard.devstack.demo import first_train, progress_line, summary
 from railyard.domain.config import parse_config
+from railyard.domain.models import Step
 from railyard.sim.engine import SimEngine
 from tests.support.configs import small_config
 
@@ -32,3 +33,19 @@ def test_the_summary_counts_the_trains_own_hosts() -> None:
     assert s["upgraded"] == 0  # nothing ran: the kernel is not at the target on pod-b's hosts
     every = summary(SimpleNamespace(config=cfg), fleet, "alpha", "success", 10.0)  # type: ignore[arg-type]
     assert (every["hosts"], every["offboarded"]) == (12, 1)
+
+
+def test_the_progress_line_counts_hosts_at_target_and_the_summary_those_back_in_service() -> None:
+    """A host upgraded but not yet returned is at target in the progress line, not upgraded in the summary."""
+    cfg = parse_config(two_trains())
+    now = [1000.0]
+    fleet = SimEngine(cfg, None, clock=lambda: now[0])
+    fleet.drain(["gpu-b01"], "op-1")
+    now[0] += 1.0  # 600 fleet s: the drain is over
+    fleet.upgrade_hosts({"gpu-b01": [Step(component="kernel", version="6.1.0-28")]}, "op-1")
+    now[0] += 1.0  # the install (180 s) and its reboot are over: drained, at target
+    stack = SimpleNamespace(config=cfg, task_states=lambda _dag, _run: {"pod-b.upgrade": "running"})
+    line = progress_line(stack, fleet, "zeta", "r", "zeta", now[0])  # type: ignore[arg-type]
+    assert "domain 1/1 pod-b upgrade" in line and "at target 1/4" in line and "serving 11/12" in line, line
+    s = summary(SimpleNamespace(config=cfg), fleet, "zeta", "running", 10.0)  # type: ignore[arg-type]
+    assert s["upgraded"] == 0  # not back in service

@@ -63,14 +63,16 @@ def progress_line(stack: Stack, fleet: HttpFleet, dag_id: str, run_id: str, trai
     elif memo.get("at") and done < len(domains):
         current, step = memo["at"]
     everyone = fleet.hosts()
-    hosts = train_hosts(cfg, train, everyone)  # upgraded: of the train's own hosts; serving: of the whole fleet
+    # at target: of the train's own hosts, in service or not yet back (the summary's "upgraded" counts only
+    # those back in service); serving: of the whole fleet
+    hosts = train_hosts(cfg, train, everyone)
     targets = cfg.train_targets(train)
-    upgraded = sum(1 for h in hosts if not pending_steps(targets, h))
+    at_target = sum(1 for h in hosts if not pending_steps(targets, h))
     serving = sum(1 for h in everyone if h.state == HostState.SERVING)
     where = (f"domain {min(done + 1, len(domains))}/{len(domains)} {current} {step}" if current
              else f"{done}/{len(domains)} domains done")
     wait = waiting_for(ledger, current, step) if ledger is not None and current else ""
-    return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} upgraded {upgraded}/{len(hosts)}  "
+    return (f"[{time.monotonic() - t0:5.0f}s] {where:<40} at target {at_target}/{len(hosts)}  "
             f"serving {serving}/{len(everyone)} ({serving / max(1, len(everyone)):.0%}){wait}")
 
 

@@ -326,6 +326,7 @@ def test_a_drain_without_the_checkpoint_wait_asks_the_jobs_itself_and_waits(tmp_
     assert cut and all(i["lost_s"] < 60 for i in cut), cut  # each drained within a poll of a fresh checkpoint
     asked = [a for a in ledger.audit_rows(s.op_id) if a["action"] == "checkpoint_requested"]
     assert asked and "at the drain" in asked[0]["reason"]
+    assert set(ledger.detail(s.op_id)["checkpoints_asked"]) == set(jobs)  # kept for the run report
 
 
 def test_a_drain_refuses_while_a_job_has_no_fresh_checkpoint(tmp_path):

@@ -158,3 +158,24 @@ def test_a_report_written_while_a_teardown_was_finishing_is_written_again_once_i
     assert r["run"]["outcome"] == "failed" and r["summary"]["still_out"] == 0
     assert {h["outcome"] for h in r["hosts"].values()} == {"upgraded"}
     assert not runreport.refresh_if_stale(ledger, "t/r1")  # once fresh, left alone
+
+
+def test_the_jobs_asked_come_from_the_stops_detail_and_from_the_audit_text_of_an_older_ledger(tmp_path):
+    """A stop keeps the ids of the jobs it asked to checkpoint in its detail; a stop an older Railyard recorded
+    has them only in its audit row's text, and the report reads them from there."""
+    cfg, clock, fleet, ledger, _stop = world(tmp_path, check_fail_rate=0.0, upgrade_fail_rate=0.0,
+                                             host_failure_per_hour=0.0)
+    a = stop_of(cfg, clock, fleet, ledger, "pod-a")
+    assert a.take().granted
+    jobs = {j.id for j in fleet.jobs([f"ha{i}" for i in range(1, 5)]) if j.state == "running"}
+    full_stop_after_take(a, clock)
+    asked = ledger.detail(a.op_id)["checkpoints_asked"]
+    assert set(asked) == jobs and jobs  # each with when it was asked
+    assert runreport.build(ledger, train="t", run_id="r1")["jobs"]["asked_to_checkpoint"] == sorted(jobs)
+
+    def forget(detail):  # as a stop recorded before the detail kept the ids
+        return detail.pop("checkpoints_asked", None) is not None
+
+    ledger._change_detail(a.op_id, forget)
+    assert "checkpoints_asked" not in ledger.detail(a.op_id)
+    assert runreport.build(ledger, train="t", run_id="r1")["jobs"]["asked_to_checkpoint"] == sorted(jobs)

@@ -156,7 +156,9 @@ def _stop(led: Ledger, op: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     returned = {h for r in cur if r["action"] == "return" for h in r["hosts"]}
     before = led.versions_before(op["id"])
     after = led.verifications(op["id"])
-    jobs = sorted({j for r in rows if r["action"] == "checkpoint_requested" for j in _jobs(r["reason"])})
+    asked = detail.get("checkpoints_asked")  # job id -> when; a stop recorded before it was kept: the audit's text
+    jobs = sorted(asked) if asked is not None else \
+        sorted({j for r in rows if r["action"] == "checkpoint_requested" for j in _jobs(r["reason"])})
     held = set(led.holdings(op["id"]))  # a run cut short: hosts its stop still holds, out of service
     hosts: dict[str, dict[str, Any]] = {}
     for h in dict.fromkeys(leased + [h for x in taken_from for h in x["hosts"]]):
@@ -198,7 +200,8 @@ _JOBS = re.compile(r"jobs(?: not yet asked)?: (.*)$")
 
 
 def _jobs(reason: str) -> list[str]:
-    """The job ids of a `checkpoint_requested` audit row ("jobs: a, b"; "at the drain, jobs not yet asked: a")."""
+    """The job ids of a `checkpoint_requested` audit row ("jobs: a, b"; "at the drain, jobs not yet asked: a"), for
+    a stop recorded before its detail kept them (`checkpoints_asked`)."""
     m = _JOBS.search(reason or "")
     return [] if m is None or m.group(1) == "none" else [j.strip() for j in m.group(1).split(",") if j.strip()]
 

@@ -380,8 +380,9 @@ class Stop:
         recorded = self.ledger.detail(self.op_id).get("checkpoint_requested_at")
         if recorded is None:
             at = self.fleet.request_checkpoint([j.id for j in jobs]) if jobs else self.fleet.now()
-            recorded = self.ledger.set_detail_once(self.op_id, "checkpoint_requested_at", at)
+            # the ids before the time: a retry after a crash between the two asks again and keeps both
             self.ledger.add_detail_entries(self.op_id, "checkpoints_asked", {j.id: at for j in jobs})
+            recorded = self.ledger.set_detail_once(self.op_id, "checkpoint_requested_at", at)
             self.ledger.note(self.op_id, "checkpoint_requested", held,
                              f"jobs: {', '.join(j.id for j in jobs) or 'none'}")
         return [j.id for j in jobs], float(recorded)  # type: ignore[arg-type]
@@ -508,9 +509,9 @@ class Stop:
                 or j.checkpoint_requested_at < since]
         if late:
             at = self.fleet.request_checkpoint(late)
+            self.ledger.add_detail_entries(self.op_id, "checkpoints_asked", {jid: at for jid in late})
             if since is None:
                 self.ledger.set_detail_once(self.op_id, "checkpoint_requested_at", at)
-            self.ledger.add_detail_entries(self.op_id, "checkpoints_asked", {jid: at for jid in late})
             self.ledger.note(self.op_id, "checkpoint_requested", hosts,
                              f"at the drain, jobs not yet asked: {', '.join(late)}", actor=self.actor)
             asked_at.update({jid: at for jid in late})

@@ -312,6 +312,12 @@ def test_lease_operations_read_by_index_on_a_table_with_statistics(pg):
     tables = ("leases", "operations", "audit")
 
     def seq_scans(cur: Any) -> dict[str, int]:
+        # A session reports its counts as it exits, before it leaves pg_stat_activity; dispose() only
+        # closes the client's side, so wait for the server's side to be gone before reading.
+        deadline = time.monotonic() + 10
+        while _backend_pids(cur, name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _backend_pids(cur, name), "the ledger's sessions outlived dispose() by 10 s"
         cur.execute("SELECT pg_stat_clear_snapshot()")
         cur.execute("SELECT relname, seq_scan FROM pg_stat_user_tables WHERE relname = ANY(%s)", (list(tables),))
         return dict(cur.fetchall())
@@ -328,7 +334,6 @@ def test_lease_operations_read_by_index_on_a_table_with_statistics(pg):
                 if i % 2:
                     assert led.release(f"op{i}") == hosts[1:]
             led.dispose()  # its sessions end, and report what they read
-            time.sleep(0.5)
             after = seq_scans(cur)
     finally:
         conn.close()

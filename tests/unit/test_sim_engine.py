@@ -425,9 +425,10 @@ def test_the_next_transition_is_a_hosts_not_a_jobs_and_looking_changes_nothing(s
     assert {h.state for h in sim.hosts(["gpu-a1", "gpu-a2"])} == {HostState.DRAINED}
 
 
-def test_the_servers_clock_saves_a_phase_end_as_it_falls_due(tmp_path: Path) -> None:
+def test_the_servers_clock_brings_a_phase_end_about_as_it_falls_due_and_saves_it_later(tmp_path: Path) -> None:
     """The server's ticker wakes at the end of each host's transition (not only every `every_s`), so a phase's
-    end is brought about and saved then, before any read comes for it."""
+    end is brought about then, before any read comes for it; it is saved by the next write or, when none comes,
+    by the first tick `save_after_s` after it."""
     from railyard.sim.app import _ticker
 
     db = str(tmp_path / "sim.db")
@@ -441,33 +442,55 @@ def test_the_servers_clock_saves_a_phase_end_as_it_falls_due(tmp_path: Path) -> 
         return str(json.loads(data)["state"])
 
     class Stop:
-        """`threading.Event` for the ticker: each wait moves the fake clock; the state saved is seen at each."""
+        """`threading.Event` for the ticker: each wait moves the fake clock; the state held and saved is seen."""
 
         def __init__(self) -> None:
             self.waits: list[float] = []
-            self.seen: list[str] = []
+            self.seen: list[tuple[str, str]] = []
 
         def wait(self, s: float) -> bool:
-            self.seen.append(stored("gpu-a1"))
+            self.seen.append((sim._hosts["gpu-a1"].state.value, stored("gpu-a1")))
             self.waits.append(s)
             clock.t += s
             return len(self.waits) > 5
 
     stop = Stop()
-    _ticker(sim, stop, every_s=5.0, soonest_s=0.01)  # type: ignore[arg-type]
+    _ticker(sim, stop, every_s=5.0, soonest_s=0.01, save_after_s=3.0)  # type: ignore[arg-type]
     assert stop.waits == pytest.approx([5.0, 5.0, 2.0, 5.0, 5.0, 5.0])  # the third wait ends with the drain
-    assert stop.seen[:4] == ["draining", "draining", "draining", "drained"]  # saved by the tick, no read
+    assert stop.seen[:5] == [("draining", "draining")] * 3 + [  # held and saved alike until the drain's end
+        ("drained", "draining"),  # the tick at its end brought it about, no read came
+        ("drained", "drained"),  # the next tick, 5 s (>= 3 s) later, saved it
+    ]
     assert stored("gpu-a2") == "drained"
     sim.close()
 
 
-def test_a_db_from_another_fleet_is_refused(tmp_path: Path, clock: FakeClock) -> None:
+def test_a_write_saves_what_a_tick_brought_about(tmp_path: Path) -> None:
+    """What a tick brought about waits for the next write, which saves it with its own change."""
     db = str(tmp_path / "sim.db")
-    SimEngine(small_config(), db, clock=clock).close()
-    other = small_config().model_dump()
-    other["domains"] = [{"name": "pod-z", "hosts": ["gpu-z1", "gpu-z2", "gpu-z3", "gpu-z4"]}]
-    with pytest.raises(FleetError, match="different fleet"):
-        SimEngine(parse_config(other), db, clock=clock)
+    clock = FakeClock()
+    sim = SimEngine(small_config(), db, clock=clock)
+    sim.drain(["gpu-a1", "gpu-a2"], "op-1")
+    clock.fleet(121)
+    sim.tick(save_after_s=60.0)
+
+    def stored(host: str) -> str:
+        with sqlite3.connect(db) as c:
+            (data,) = c.execute("SELECT data FROM items WHERE kind = 'hosts' AND key = ?", (host,)).fetchone()
+        return str(json.loads(data)["state"])
+
+    assert sim._hosts["gpu-a2"].state == HostState.DRAINED and stored("gpu-a2") == "draining"
+    sim.tick(save_after_s=60.0)  # not yet waited long enough
+    assert stored("gpu-a2") == "draining"
+    again = SimEngine(small_config(), db, clock=clock)  # the first one "killed" before a save: the same world
+    try:
+        assert again.hosts(["gpu-a1", "gpu-a2"]) == sim.hosts(["gpu-a1", "gpu-a2"])
+        assert again.audit()["stops"] == sim.audit()["stops"]
+    finally:
+        again.close()
+    sim.upgrade_hosts({"gpu-a1": STEPS}, "op-1")
+    assert stored("gpu-a1") == "upgrading" and stored("gpu-a2") == "drained"
+    sim.close()
 
 
 def test_a_change_saves_only_the_rows_it_changed(tmp_path: Path, clock: FakeClock) -> None:
@@ -673,3 +696,57 @@ def test_what_is_saved_row_by_row_is_the_world_after_any_sequence_of_changes(
 
     _random_world_steps(sim, clock, rng, 50, compare)
     sim.close()
+
+
+def test_a_timeline_gives_the_keys_due_by_a_time_however_their_times_change() -> None:
+    """`_Timeline`, what the clock waits for: keys moved to other times, keys sharing one time (a domain's
+    hosts), keys no longer due; `first` is the earliest time still held by a key, `pop_until` every key due."""
+    from railyard.sim.engine import _Timeline
+
+    tl: _Timeline[str] = _Timeline()
+    for k in ("a", "b", "c"):
+        tl.set(k, 10.0)
+    tl.set("d", 5.0)
+    tl.set("e", 20.0)
+    assert (tl.first(), len(tl)) == (5.0, 5)
+    tl.set("d", None)  # no longer due: its time goes with it
+    tl.set("c", 30.0)  # moved later
+    tl.set("a", 10.0)  # set again to the same time: no change
+    assert tl.first() == 10.0 and tl.get("c") == 30.0 and tl.get("d") is None
+    assert sorted(tl.pop_until(15.0)) == ["a", "b"]
+    assert tl.get("a") is None and tl.first() == 20.0
+    tl.set("e", 25.0)
+    tl.set("b", 20.0)  # a time emptied earlier, held again
+    assert tl.pop_until(19.0) == [] and tl.first() == 20.0
+    assert sorted(tl.pop_until(25.0)) == ["b", "e"]
+    assert tl.first() == 30.0 and len(tl) == 1
+    assert tl.pop_until(100.0) == ["c"] and tl.first() is None and len(tl) == 0
+
+
+def test_a_checkpoint_folds_the_log_into_the_database_beside_the_saves(tmp_path: Path, clock: FakeClock) -> None:
+    """`checkpoint` copies the write-ahead log into the database file on its own connection; once it runs, a
+    save's commit stops doing it every 1,000 pages; after `close` it does nothing."""
+    import shutil
+
+    db = tmp_path / "sim.db"
+    sim = SimEngine(small_config(), str(db), clock=clock)
+    store = sim._store
+    assert store is not None
+
+    def in_the_file(host: str) -> str:
+        """The host's state in the database file alone, without its log."""
+        copy = tmp_path / "copy.db"
+        shutil.copyfile(db, copy)
+        with sqlite3.connect(copy) as c:
+            (data,) = c.execute("SELECT data FROM items WHERE kind = 'hosts' AND key = ?", (host,)).fetchone()
+        copy.unlink()
+        return str(json.loads(data)["state"])
+
+    sim.checkpoint()
+    sim.drain(["gpu-a1"], "op-1")
+    assert in_the_file("gpu-a1") == "serving"  # the drain is in the log only
+    sim.checkpoint()
+    assert in_the_file("gpu-a1") == "draining"
+    assert store.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
+    sim.close()
+    store.checkpoint()  # closed: nothing, no error

@@ -443,18 +443,28 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     return app
 
 
-def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soonest_s: float = 0.005) -> None:
+def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soonest_s: float = 0.005,
+            save_after_s: float = 1.0) -> None:
     """Advance the world regularly, so the audit is sampled even when nobody calls, and as each host's
-    transition ends: a domain's phase end is brought about (and saved) when it falls due, while the train's
-    next poll is still on its way, rather than inside that poll."""
+    transition ends: a domain's phase end is brought about when it falls due, while the train's next poll is
+    still on its way, rather than inside that poll, and saved by the next write or, failing one, by a tick
+    `save_after_s` later (`SimEngine.tick`). Between ticks, the database's log is folded into it
+    (`SimEngine.checkpoint`), so that no save does it."""
     wait = every_s
     while not stop.wait(wait):
+        due = None
         try:
-            engine.advance()
-            due = engine.next_transition_in()
+            engine.tick(save_after_s)
         except Exception:  # keep ticking; a bad tick must not stop the simulator
             log.exception("advance failed")
-            due = None
+        try:
+            engine.checkpoint()  # beside the calls, never inside one: the engine's lock is not held
+        except Exception:
+            log.exception("checkpoint of the simulator's database failed")
+        try:
+            due = engine.next_transition_in()
+        except Exception:
+            log.exception("advance failed")
         wait = every_s if due is None else min(every_s, max(due, soonest_s))
 
 

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timezone
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import msgspec
 
@@ -83,6 +83,63 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 TrackedT = TypeVar("TrackedT", bound="_Tracked")
+
+
+K = TypeVar("K")
+
+
+class _Timeline(Generic[K]):
+    """Keys each due at a time: the earliest time, and the keys due by a time, at a cost per key moved, not
+    per comparison among all of them. Keys at one time share its bucket: a bulk call starts a domain's
+    thousands of hosts at one instant, so their transitions end at one instant, and a heap of (time, key)
+    would order thousands of equal times by name at each push and pop."""
+
+    def __init__(self) -> None:
+        self._of: dict[K, float] = {}  # key -> its time
+        self._at: dict[float, set[K]] = {}  # time -> its keys (a bucket emptied stays until its time comes up)
+        self._times: list[float] = []  # a heap of the times of `_at`, each once
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def get(self, key: K) -> float | None:
+        return self._of.get(key)
+
+    def set(self, key: K, t: float | None) -> None:
+        """`key` due at `t` from now on (None: not due)."""
+        old = self._of.get(key)
+        if old == t:
+            return
+        if old is not None:
+            self._at[old].discard(key)
+        if t is None:
+            del self._of[key]
+            return
+        self._of[key] = t
+        bucket = self._at.get(t)
+        if bucket is None:
+            self._at[t] = {key}
+            heapq.heappush(self._times, t)
+        else:
+            bucket.add(key)
+
+    def first(self) -> float | None:
+        """The earliest time any key is due at."""
+        times, at = self._times, self._at
+        while times and not at[times[0]]:
+            del at[heapq.heappop(times)]
+        return times[0] if times else None
+
+    def pop_until(self, t: float) -> list[K]:
+        """The keys due at or before `t`, no longer due."""
+        out: list[K] = []
+        times, at, of = self._times, self._at, self._of
+        while times and times[0] <= t:
+            bucket = at.pop(heapq.heappop(times))
+            for key in bucket:
+                del of[key]
+            out.extend(bucket)
+        return out
 
 
 class _Tracked:
@@ -187,9 +244,13 @@ class _Store:
     changed), the rest of the world as one small JSON row, the clock, and append-only audit rows."""
 
     def __init__(self, path: str):
+        self.path = path
         self.conn = sqlite3.connect(path, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
+        self._checkpointer: sqlite3.Connection | None = None  # `checkpoint`'s own connection, once it runs
+        self._checkpointing = threading.Lock()
+        self._closed = False
         with self.conn:
             self.conn.execute(
                 "CREATE TABLE IF NOT EXISTS world (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL)"
@@ -230,7 +291,9 @@ class _Store:
             if world is not None:
                 rest, items = world
                 self.conn.execute("INSERT OR REPLACE INTO world (id, data) VALUES (1, ?)", (rest,))
-                self.conn.executemany("INSERT OR REPLACE INTO items (kind, key, data) VALUES (?, ?, ?)", items)
+                # an upsert updates the row in place; a REPLACE deletes it and inserts it anew (twice the work)
+                self.conn.executemany("INSERT INTO items (kind, key, data) VALUES (?, ?, ?) "
+                                      "ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data", items)
             self.conn.execute("INSERT OR REPLACE INTO clock (id, t) VALUES (1, ?)", (t,))
             # rows of one kind at one instant in one row, as a list (a domain's installs: one row, not 11,520)
             batches: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -239,7 +302,25 @@ class _Store:
             self.conn.executemany("INSERT INTO audit (kind, t, data) VALUES (?, ?, ?)",
                                   [(k, tt, _encode(ds).decode()) for (k, tt), ds in batches.items()])
 
+    def checkpoint(self) -> None:
+        """Copy what the write-ahead log holds into the database, on a connection of its own, beside the saves
+        (a passive checkpoint waits for no writer, and none waits for it). Once called, a save's commit no longer
+        checkpoints by itself every 1,000 pages (4 MB: a save or two of a 3,840-host domain's phase end, each
+        time twice as long as a save without it); past 64 MB of log it still does, should these calls stop."""
+        with self._checkpointing:
+            if self._closed:
+                return
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(self.path, check_same_thread=False)
+                self.conn.execute("PRAGMA wal_autocheckpoint=16384")
+            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
     def close(self) -> None:
+        with self._checkpointing:
+            self._closed = True
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
         self.conn.close()
 
 
@@ -326,13 +407,10 @@ class SimEngine:
         self._check_rev: dict[str, dict[str, int]] = {}  # op -> host -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, bytes] = {}  # name -> its API JSON, until it changes
-        # What the clock waits for, kept as objects change: each host's and job's next event time, and a heap
-        # of (time, key) whose entries are current while they match `_due` (the rest are dropped when seen).
-        self._due: dict[tuple[str, str], float] = {}
-        self._due_heap: list[tuple[float, tuple[str, str]]] = []
-        # When hosts' transitions end (time, name), for the server's clock to wake at (`next_transition_in`);
-        # an entry is current while the host's `until` is still its time.
-        self._until_heap: list[tuple[float, str]] = []
+        # What the clock waits for, kept as objects change: each host's and job's next event time.
+        self._due: _Timeline[tuple[str, str]] = _Timeline()
+        # When hosts' transitions end, for the server's clock to wake at (`next_transition_in`).
+        self._until: _Timeline[str] = _Timeline()
         # The capacity picture, kept as hosts change: hosts per state, and per domain its hosts out for
         # maintenance (not a repair's); `_counted` is what each host was counted as.
         self._states: Counter[HostState] = Counter()
@@ -340,6 +418,7 @@ class SimEngine:
         self._counted: dict[str, tuple[HostState, str | None]] = {}
         self._pending: set[str] = set()  # the jobs waiting for hosts
         self._saved_t: float | None = None
+        self._unsaved_since: float | None = None  # real time since when a read's or a tick's changes wait for a save
 
         world, clock_t, rows = self._store.load() if self._store else (None, None, [])
         if world is None:
@@ -724,6 +803,25 @@ class SimEngine:
         of each transition (`next_transition_in`)."""
         return self._t
 
+    def tick(self, save_after_s: float = 1.0) -> None:
+        """The server's clock, between calls: brings about what fell due as a read does (`_read`), so that the end
+        of a domain's phase, thousands of hosts, is saved by the next write, which a train's next step soon is:
+        written once with that step's own change to the same hosts, and not while the step's poll waits for
+        the lock. What reads and ticks brought about is saved here once it has waited `save_after_s` real
+        seconds without a write. `advance` is the same with the world saved at once."""
+        with self._lock:
+            self._advance_locked()
+            self._flush()
+            since = self._unsaved_since
+            self._settle(world=since is not None and self._clock() - since >= save_after_s)
+
+    def checkpoint(self) -> None:
+        """Fold the database's write-ahead log into it (`_Store.checkpoint`), outside the engine's lock: the
+        server's clock does it between ticks, so that no call waits for it. Changes nothing in the world."""
+        store = self._store
+        if store is not None:
+            store.checkpoint()
+
     def next_transition_in(self) -> float | None:
         """Real seconds until the next host's transition (a drain, an install, a check, a return, a repair)
         ends, or None: the server advances the world then, so that the end of a domain's phase (thousands of
@@ -731,12 +829,10 @@ class SimEngine:
         Changes nothing."""
         with self._lock:
             self._flush()
-            heap, hosts = self._until_heap, self._hosts
-            while heap and hosts[heap[0][1]].until != heap[0][0]:
-                heapq.heappop(heap)  # ended, or its host changed since
-            if not heap:
+            first = self._until.first()
+            if first is None:
                 return None
-            return max(0.0, (heap[0][0] - self._fleet_now()) / self.speed)
+            return max(0.0, (first - self._fleet_now()) / self.speed)
 
     @_locked
     def settings(
@@ -833,22 +929,16 @@ class SimEngine:
 
     def _next_due(self) -> float | None:
         self._flush()
-        heap = self._due_heap
-        while heap and self._due.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)  # an entry from before its object changed
-        return heap[0][0] if heap else None
+        return self._due.first()
 
     def _take_due(self, t: float) -> tuple[list[_Job], list[_Host]]:
         """The jobs and hosts whose next event is at or before `t`, each in name order."""
-        jobs: set[str] = set()
-        hosts: set[str] = set()
-        heap = self._due_heap
-        while heap and heap[0][0] <= t:
-            due, key = heapq.heappop(heap)
-            if self._due.get(key) == due:
-                del self._due[key]
-                self._touched.add(key)  # its next event is found again once it has changed
-                (jobs if key[0] == "jobs" else hosts).add(key[1])
+        jobs: list[str] = []
+        hosts: list[str] = []
+        due = self._due.pop_until(t)
+        self._touched.update(due)  # their next events are found again once they have changed
+        for kind, name in due:
+            (jobs if kind == "jobs" else hosts).append(name)
         return [self._jobs[k] for k in sorted(jobs)], [self._hosts[n] for n in sorted(hosts)]
 
     def _fire(self, t: float) -> None:
@@ -1063,12 +1153,11 @@ class SimEngine:
                     self._not_serving.discard(key)
                 else:
                     self._not_serving.add(key)
-                self._set_due(item, self._host_due(h))
-                if h.until is not None:
-                    heapq.heappush(self._until_heap, (h.until, key))
+                self._due.set(item, self._host_due(h))
+                self._until.set(key, h.until)
             elif kind == "jobs":
                 job = self._jobs[key]
-                self._set_due(item, self._job_due(job))
+                self._due.set(item, self._job_due(job))
                 if job.state == "pending":
                     self._pending.add(key)
                 else:
@@ -1082,12 +1171,6 @@ class SimEngine:
         if len(self._host_log) > 2 * len(self._hosts) + 1024:  # each host's latest entry is all "since" needs
             rev = self._host_rev
             self._host_log = [e for e in self._host_log if rev[e[1]] == e[0]]  # still in seq order
-        if len(self._until_heap) > 2 * len(self._hosts) + 1024:
-            self._until_heap = [(h.until, n) for n, h in self._hosts.items() if h.until is not None]
-            heapq.heapify(self._until_heap)
-        if len(self._due_heap) > 2 * len(self._due) + 1024:  # drop the entries no longer current
-            self._due_heap = [(t, k) for k, t in self._due.items()]
-            heapq.heapify(self._due_heap)
 
     @staticmethod
     def _host_due(h: _Host) -> float | None:
@@ -1104,13 +1187,6 @@ class SimEngine:
             return None
         t = j.last_checkpoint + j.checkpoint_interval
         return t if j.checkpoint_due is None else min(t, j.checkpoint_due)
-
-    def _set_due(self, key: tuple[str, str], t: float | None) -> None:
-        if t is None:
-            self._due.pop(key, None)
-        elif self._due.get(key) != t:
-            self._due[key] = t
-            heapq.heappush(self._due_heap, (t, key))
 
     def _count(self, h: _Host) -> None:
         """Count the host in the picture as it is now, in place of what it was counted as."""
@@ -1188,6 +1264,9 @@ class SimEngine:
             self._rows.clear()
             self._unsaved.clear()
             self._dirty = False
+            self._unsaved_since = None
+        elif self._unsaved_since is None and (self._unsaved or self._rows or self._dirty):
+            self._unsaved_since = self._clock()
 
     # ---- audit -----------------------------------------------------------------------------------
     def _sample(self) -> None:

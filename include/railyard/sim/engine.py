@@ -799,21 +799,19 @@ class SimEngine:
 
     @_locked
     def advance(self) -> float:
-        """Process everything due up to fleet-now; the server calls this ~10 times a second, and at the end
-        of each transition (`next_transition_in`)."""
+        """Process everything due up to fleet-now, and save it (the server's clock uses `tick`)."""
         return self._t
 
+    @_read
     def tick(self, save_after_s: float = 1.0) -> None:
-        """The server's clock, between calls: brings about what fell due as a read does (`_read`), so that the end
-        of a domain's phase, thousands of hosts, is saved by the next write, which a train's next step soon is:
-        written once with that step's own change to the same hosts, and not while the step's poll waits for
-        the lock. What reads and ticks brought about is saved here once it has waited `save_after_s` real
-        seconds without a write. `advance` is the same with the world saved at once."""
-        with self._lock:
-            self._advance_locked()
-            self._flush()
-            since = self._unsaved_since
-            self._settle(world=since is not None and self._clock() - since >= save_after_s)
+        """The server's clock, between calls (~10 times a second, and at the end of each transition:
+        `next_transition_in`): brings about what fell due as a read does, so that the end of a domain's phase,
+        thousands of hosts, is saved by the next write, which a train's next step soon is: written once with
+        that step's own change to the same hosts, and not while the step's poll waits for the lock. What reads
+        and ticks brought about is saved here once it has waited `save_after_s` real seconds without a write."""
+        since = self._unsaved_since
+        if since is not None and self._clock() - since >= save_after_s:
+            self._persist()
 
     def checkpoint(self) -> None:
         """Fold the database's write-ahead log into it (`_Store.checkpoint`), outside the engine's lock: the

@@ -283,6 +283,34 @@ def test_airflow_side_builds_the_ssh_fleet_from_config_and_connection(fresh, tmp
         SshFleetHook("railyard_ssh_bare").credentials(cfg)
 
 
+def _crash(d: Path) -> None:
+    """Kill every process of the sessions working in `d`, as a host crash would: the driver runs in its
+    own session (`setsid`), its installs under `timeout` in their own process groups, so a pass over the
+    processes found in `d` alone can miss a child forked after it (a `sleep` still holding the lock)."""
+    deadline = time.monotonic() + 10
+    sids: set[int] = set()
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == str(d):
+                    sids.add(os.getsid(int(pid)))
+                dead = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+                if os.getsid(int(pid)) in sids and not dead:
+                    found.append(int(pid))
+            except OSError:
+                pass
+        if not found:
+            return
+        assert time.monotonic() < deadline, f"processes of {d} still alive: {found}"
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+
+
 def test_a_dead_driver_is_relaunched_by_the_stops_write_step_never_by_a_read(fresh, tmp_path):
     """The host-side driver dies mid-install (a host crash): reads (plan, drift, polls) see it and start
     nothing; `tend`, which the stop's waiting steps call, launches it again and it finishes once."""
@@ -299,12 +327,7 @@ def test_a_dead_driver_is_relaunched_by_the_stops_write_step_never_by_a_read(fre
             assert time.monotonic() < deadline
             time.sleep(0.05)
         d = Path(op_dir(str(h.work_dir), op))
-        for pid in os.listdir("/proc"):  # the host crashes: its driver and the install die
-            try:
-                if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == str(d):
-                    os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
+        _crash(d)  # the host crashes: its driver and everything the driver started die
         time.sleep(0.5)
         for _ in range(3):  # reads: the host is still upgrading, nothing is launched
             assert fleet.hosts(["gpu-a01"])[0].state == HostState.UPGRADING

@@ -1,5 +1,5 @@
 """The orchestrator's promise under faults, on a real `airflow standalone` (scheduler, triggerer,
-api-server) and the simulator server. Trial counts: RAILYARD_FAULT_TRIALS (default 3 concurrent
+api-server) and the simulator server. Trial counts: RAILYARD_FAULT_TRIALS (default 2 concurrent
 trials, 2 task kills); `make faults` runs the issue's full counts and prints the summary."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from railyard.ledger import Ledger
 from tests.support.configs import small_config, write_config
 
 pytestmark = pytest.mark.e2e
-TRIALS = int(os.environ.get("RAILYARD_FAULT_TRIALS", "3"))
+TRIALS = int(os.environ.get("RAILYARD_FAULT_TRIALS", "2"))
 KILLS = int(os.environ.get("RAILYARD_FAULT_KILLS", "2"))
 SCHEDULER_KILLS = int(os.environ.get("RAILYARD_FAULT_SCHEDULER_KILLS", "1"))
 SUMMARY: dict[str, list] = {}

@@ -629,13 +629,48 @@ def test_reads_of_what_changed_since_a_cursor_always_add_up_to_a_full_read(clock
             again = sim.host_changes(None if key is None else list(key), new_cursor)
             assert again[1] == b"[]" and again[2]  # nothing changed since: nothing in the answer
 
-    _random_world_steps(sim, clock, rng, 60, check_views)
+    out_cursor, content, _ = sim.host_changes(None, None, out=True)
+    out_view = [out_cursor, {h["name"]: h for h in json.loads(content)}]
+
+    def check_all() -> None:
+        check_views()
+        # the hosts out of service, read as `HttpFleet.hosts_out` does: a delta merged, else the answer whole
+        full = {h["name"]: h for h in json.loads(sim.hosts_json(None))}
+        new_cursor, content, delta = sim.host_changes(None, out_view[0], out=True)
+        got = {h["name"]: h for h in json.loads(content)}
+        merged = out_view[1] | got if delta else got
+        merged = {n: h for n, h in merged.items() if h["state"] != "serving"}
+        assert merged == {n: h for n, h in full.items() if h["state"] != "serving"}
+        out_view[:] = [new_cursor, merged]
+
+    _random_world_steps(sim, clock, rng, 60, check_all)
     other = SimEngine(small_config(), None, clock=clock)
     cursor = sim.host_changes(None, None)[0]
     _, content, delta = other.host_changes(None, cursor)
     assert not delta and len(json.loads(content)) == 16
     for bad in ("", "nonsense", cursor + "9", cursor.split(".")[0] + ".x"):
         assert sim.host_changes(None, bad)[2] is False
+
+
+def test_a_read_of_the_hosts_out_is_whole_when_a_domain_went_out_and_came_back(clock: FakeClock) -> None:
+    """A reader of the hosts out of service whose cursor predates a whole stop gets the few hosts out now, not
+    every host of the domain that went out and came back since (which a delta would have to hold)."""
+    import json
+
+    sim = SimEngine(small_config(host_failure_per_hour=0.0, upgrade_fail_rate=0.0, check_fail_rate=0.0), None,
+                    clock=clock)
+    pod_a = [h.name for h in sim.hosts() if h.domain == "pod-a"]
+    b1 = next(h.name for h in sim.hosts() if h.domain == "pod-b")
+    cursor, content, _ = sim.host_changes(None, None, out=True)
+    assert json.loads(content) == []
+    sim.drain(pod_a + [b1], "op-1")
+    clock.fleet(600)  # drained
+    sim.return_to_service(pod_a, "op-1")
+    clock.fleet(600)  # pod-a serves again; b1 is still drained
+    _, content, delta = sim.host_changes(None, cursor, out=True)
+    assert not delta and [h["name"] for h in json.loads(content)] == [b1]  # whole: shorter than the 5 changed
+    _, content, delta = sim.host_changes(None, cursor)
+    assert delta and len(json.loads(content)) >= len(pod_a) + 1  # the fleet's delta: every change (jobs moved too)
 
 
 @pytest.mark.parametrize("seed", range(8))

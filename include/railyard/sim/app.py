@@ -453,14 +453,17 @@ def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soon
     wait = every_s
     while not stop.wait(wait):
         try:
+            engine.tick(save_after_s)  # first: what fell due now (a domain's phase end) waits for nothing else
+        except Exception:  # keep ticking; a bad tick must not stop the simulator
+            log.exception("advance failed")
+        try:
             engine.checkpoint()  # beside the calls, never inside one: the engine's lock is not held
         except Exception:
             log.exception("checkpoint of the simulator's database failed")
         try:
-            engine.tick(save_after_s)
             due = engine.next_transition_in()
-        except Exception:  # keep ticking; a bad tick must not stop the simulator
-            log.exception("advance failed")
+        except Exception:
+            log.exception("the next transition could not be read")
             due = None
         wait = every_s if due is None else min(every_s, max(due, soonest_s))
 

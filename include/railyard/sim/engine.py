@@ -471,7 +471,8 @@ class SimEngine:
         engine (another process's, a malformed one): then every host asked for is in the answer. Pass the
         returned cursor next time; a host is in an answer whenever anything of its public view may differ.
         `out` (the fleet only): a whole answer holds only the hosts not serving; a delta, as ever, every host
-        that changed, whatever its state (so that a reader drops the ones back in service)."""
+        that changed, whatever its state (so that a reader drops the ones back in service). With `out`, the
+        answer is whole (delta False) whenever that is shorter than the delta."""
         cursor = f"{self._epoch}.{self._seq}"
         after = self._cursor_seq(since)
         if after is None and out and names is None:
@@ -482,6 +483,10 @@ class SimEngine:
         if names is None:
             start = bisect.bisect_right(self._host_log, (after, "\U0010ffff"))
             changed = sorted({n for _, n in self._host_log[start:]})
+            if out and len(changed) > len(self._not_serving):
+                # more hosts changed than are out now (a domain gone out and back since the cursor): the
+                # whole answer is the smaller one, and a reader takes an answer without the echo as whole
+                return cursor, b"[" + b",".join(self._host_part(n) for n in sorted(self._not_serving)) + b"]", False
         else:
             self._known(names)
             rev = self._host_rev

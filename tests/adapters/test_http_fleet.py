@@ -671,3 +671,61 @@ def test_a_server_that_knows_no_out_answers_every_host_and_the_client_keeps_the_
     # the simulator's out= is a read of the whole fleet's: with names it is refused, naming the parameter
     r = requests.get(f"{shared_sim_server.url}/v1/hosts", params={"out": "true", "names": "gpu-a01"}, timeout=5)
     assert r.status_code == 422 and "out=" in r.json()["detail"]
+
+
+def test_the_views_kept_for_reads_by_changes_are_bounded_by_the_hosts_in_them(
+        shared_sim_server: SimServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Views of earlier reads are kept up to a number of hosts in all (a long-lived client reads domain after
+    domain): the least recent is dropped first, so its next read is whole again, while the views still kept
+    are read by changes. The newest view is kept whatever its size."""
+    import json
+
+    from railyard.fleet import http
+
+    monkeypatch.setattr(http, "VIEW_ENTRIES_KEPT", 6)
+    fleet = HttpFleet(shared_sim_server.url)
+    sent: list[tuple[tuple[str, ...], bool]] = []
+    request = fleet.session.request
+
+    def spy(method: str, url: str, **kw: Any) -> Any:
+        if url.endswith("/v1/hosts/query"):
+            body = json.loads(kw["data"])
+            sent.append((tuple(body["names"]), "since" in body))
+        return request(method, url, **kw)
+
+    fleet.session.request = spy  # type: ignore[method-assign]
+    pod_a = ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a04"]
+    fleet.hosts(pod_a)
+    fleet.hosts(pod_a)
+    assert sent[-1] == (tuple(pod_a), True)  # kept: read by changes
+    fleet.hosts(POD_B)  # 8 hosts in two views, over 6: pod A's (the least recent) is dropped
+    fleet.hosts(POD_B)
+    assert sent[-1] == (tuple(POD_B), True)
+    fleet.hosts(pod_a)
+    assert sent[-1] == (tuple(pod_a), False)  # dropped: read whole again (and now pod B's is dropped)
+    whole = fleet.hosts()  # more hosts than the bound alone: kept, the only view
+    assert fleet.hosts() == whole and len(whole) > 6
+    assert list(fleet._views) == [None]
+
+
+def test_a_whole_fleet_read_afresh_is_kept_out_of_the_collectors_later_passes(
+        shared_sim_server: SimServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole fleet read afresh, of at least KEEP_LONG_LIVED hosts, is frozen out of the cyclic collector's
+    passes (gcpause.keep_long_lived); a read by changes, or of fewer hosts, is not."""
+    import gc
+
+    from railyard.fleet import http
+
+    fleet = HttpFleet(shared_sim_server.url)
+    gc.unfreeze()
+    try:
+        fleet.hosts()  # the test fleet is far below KEEP_LONG_LIVED
+        assert gc.get_freeze_count() == 0
+        monkeypatch.setattr(http, "KEEP_LONG_LIVED", 8)
+        fleet.hosts()  # a read by changes: nothing new to keep
+        assert gc.get_freeze_count() == 0
+        whole = HttpFleet(shared_sim_server.url).hosts()  # read afresh, by a new client
+        assert gc.get_freeze_count() > 0 and len(whole) >= 8
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()

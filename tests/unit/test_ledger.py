@@ -478,3 +478,28 @@ def test_a_probe_decides_but_leases_nothing(ledger):
     two = Budget(total_hosts=32, maintenance_hosts=16, failure_hosts=2, max_domains_down=2)
     d = take(led, "em", "d1", two, kind="emergency", take_over_from=["op2"], probe=True)
     assert d.outcome == "free" and set(led.holdings().values()) == {"op2"}  # a takeover probe moves nothing
+
+
+def test_a_domains_verdicts_are_kept_each_as_given_and_replaced_per_host(ledger):
+    """The verdicts are written one statement per verdict shared (most of a domain's hosts pass at one set of
+    versions): every host still gets its own row, its own versions and reason, and a later check replaces only
+    the hosts it judged."""
+    led = ledger()
+    new = {"driver": "550.1", "kernel": "6.1"}
+    old = {"driver": "535.9", "kernel": "6.1"}
+    verdicts = ([(f"h0{j}", True, dict(new), None) for j in range(5)]
+                + [("h05", False, dict(old), "version mismatch: driver is 535.9, expected 550.1"),
+                   ("h06", False, dict(new), "Xid 79 on GPU 3"),
+                   ("h07", True, {"kernel": "6.1", "driver": "550.1"}, None)])
+    led.record_verifications("op1", verdicts)
+    led.record_verifications("op2", [("h00", False, dict(old), "not at target")])  # another operation's
+    got = led.verifications("op1")
+    assert got == {h: (ok, v, why) for h, ok, v, why in verdicts}
+    assert led.verifications("op2") == {"h00": (False, old, "not at target")}
+    # a second check of two hosts: theirs replaced, the others' kept
+    led.record_verifications("op1", [("h05", True, dict(new), None), ("h01", False, dict(new), "NCCL bandwidth low")])
+    got = led.verifications("op1")
+    assert got["h05"] == (True, new, None) and got["h01"] == (False, new, "NCCL bandwidth low")
+    assert {h: got[h] for h in got if h not in ("h05", "h01")} == {
+        h: (ok, v, why) for h, ok, v, why in verdicts if h not in ("h05", "h01")}
+    assert len(got) == 8

@@ -23,3 +23,14 @@ def paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def keep_long_lived() -> None:
+    """After building a structure meant to outlive many passes (the whole fleet's hosts, kept as the view its
+    later reads update): collect once, then move every live object out of the collector's sight (`gc.freeze`),
+    so that later passes walk only what was made since. Every full pass would otherwise walk the whole fleet's
+    objects again: 55-70 ms at 76,800 hosts, about once a stop, wherever a step happens to allocate. A frozen
+    object is still freed when its last reference goes; the collection first clears the cycles that exist."""
+    if gc.isenabled():
+        gc.collect()
+        gc.freeze()

@@ -47,6 +47,9 @@ CURSOR_HEADER = "Railyard-Cursor"
 CHANGES_HEADER = "Railyard-Changes-Since"
 _OUT = ("\x00out",)  # the view of the hosts out of service (no host name holds a NUL)
 VIEWS_KEPT = 16  # the lists of hosts (a domain's, the whole fleet) read by changes, the least recent dropped
+VIEW_ENTRIES_KEPT = 100_000  # and at most this many hosts in them (a fleet of 76,800 and a few domains)
+CHECK_VIEWS_KEPT = 4  # the check results of an operation, read by changes while its checks run, and after
+KEEP_LONG_LIVED = 10_000  # a whole fleet of at least this many hosts, read afresh and kept: see gcpause
 log = logging.getLogger("railyard.fleet.http")
 T = TypeVar("T")
 _JSON_BODY = {"Content-Type": "application/json"}
@@ -70,10 +73,12 @@ class _Auth(AuthBase):
 
 def _keep_view(views: OrderedDict[Any, tuple[str, dict[str, T]]], key: Any, view: tuple[str, dict[str, T]] | None,
                since: str | None, resp: Any, got: dict[str, T], asked: Collection[str] | None,
-               where: str) -> dict[str, T]:
+               where: str, most: int = VIEWS_KEPT) -> dict[str, T]:
     """The view of `key` after an answer `got` (by name) to a read that sent `since`: the view with the
     answer's entries when the server says it holds only what changed since (it echoes `since`), else the answer
-    itself. Kept under the answer's cursor (the least recent views dropped); forgotten when it sent none."""
+    itself. Kept under the answer's cursor; forgotten when it sent none. The least recent views are dropped
+    beyond `most` of them or VIEW_ENTRIES_KEPT entries in all: a long-lived client reads domain after domain,
+    and every view kept is memory and objects each full pass of the cyclic collector walks again."""
     if view is not None and since is not None and resp.headers.get(CHANGES_HEADER) == since:
         if asked is not None and not set(got) <= set(asked):
             raise FleetError(f"{where} answered hosts it was not asked for")
@@ -88,8 +93,9 @@ def _keep_view(views: OrderedDict[Any, tuple[str, dict[str, T]]], key: Any, view
     if cursor:
         views[key] = (cursor, merged)  # replaced whole, never changed in place
         views.move_to_end(key)
-        while len(views) > VIEWS_KEPT:
-            views.popitem(last=False)
+        kept = sum(len(v[1]) for v in views.values())
+        while len(views) > most or (kept > VIEW_ENTRIES_KEPT and len(views) > 1):
+            kept -= len(views.popitem(last=False)[1][1])
     else:
         views.pop(key, None)
     return merged
@@ -188,10 +194,12 @@ class HttpFleet:
             path = "/v1/hosts/query"
             body: dict[str, Any] = {"names": list(names)} | ({"since": since} if since else {})
             resp = self._call("POST", path, body=body, raw=True)
-        got = self._parse(_HOSTS, resp.content, path)
-        by_name = _keep_view(self._views, key, view, since, resp, {h.name: h for h in got}, names,
+        got = {h.name: h for h in self._parse(_HOSTS, resp.content, path)}
+        by_name = _keep_view(self._views, key, view, since, resp, got, names,
                              f"fleet at {self.base_url}: POST {path}")
         if names is None:
+            if by_name is got and len(got) >= KEEP_LONG_LIVED and key in self._views:
+                gcpause.keep_long_lived()  # the whole fleet read afresh, and kept for the reads after
             return list(by_name.values())
         try:
             return [by_name[n] for n in names]
@@ -259,7 +267,7 @@ class HttpFleet:
                           raw=True)
         got = self._parse(_CHECKS, resp.content, path)
         by_host = _keep_view(self._check_views, key, view, since, resp, {r.host: r for r in got}, hosts,
-                             f"fleet at {self.base_url}: POST {path}")
+                             f"fleet at {self.base_url}: POST {path}", CHECK_VIEWS_KEPT)
         return [by_host[h] for h in hosts if h in by_host]
 
     def return_to_service(self, hosts: list[str], op: str) -> None:

@@ -26,6 +26,7 @@ from railyard.ledger.schema import (
     audit,
     capacity_samples,
     fleet_counts,
+    insert_for_hosts,
     leases,
     operations,
     release_results,
@@ -280,12 +281,16 @@ class Records(LedgerBase):
                 found = encoded[key] = json.dumps(dict(key))
             return found
 
+        # a domain's hosts share a verdict (passed, at one set of versions): one statement for each verdict
+        alike: dict[tuple[int, str, str | None], list[str]] = {}
+        for host, passed, versions, reason in verdicts:
+            alike.setdefault((int(passed), dumps(versions), reason), []).append(host)
         with self.engine.begin() as c:
             c.execute(verifications.delete().where(verifications.c.op_id == op_id,
                                                    among(c, verifications.c.host, [v[0] for v in verdicts])))
-            c.execute(insert(verifications), [
-                {"op_id": op_id, "host": host, "passed": int(passed), "versions": dumps(versions),
-                 "reason": reason, "at": now} for host, passed, versions, reason in verdicts])
+            for (passed_, versions_, reason_), hosts in alike.items():
+                insert_for_hosts(c, verifications, hosts, op_id=op_id, passed=passed_, versions=versions_,
+                                 reason=reason_, at=now)
             # the audit: one row for the hosts that passed (a domain's thousands), one per failure with its reason
             passed_hosts = [host for host, passed, _versions, _reason in verdicts if passed]
             rows = []

@@ -457,6 +457,22 @@ def among(c: Connection, column: Any, values: Iterable[str]) -> Any:
     return column.in_(_json_values(bindparam(None, json.dumps(vals), type_=Text)))
 
 
+def insert_for_hosts(c: Connection, table: Any, hosts: Sequence[str], **same: Any) -> None:
+    """One row of `table` per host of `hosts`, every other column the same (`same`), in one statement with the
+    hosts in one parameter (`among`'s way): a row per host bound by SQLAlchemy costs ~4 µs, 15 ms for a
+    domain of 3,840 hosts."""
+    if not hosts:
+        return
+    cols = list(same)
+    consts = [bindparam(None, same[k], type_=table.c[k].type) for k in cols]
+    if c.dialect.name == "postgresql":
+        rows = select(func.unnest(bindparam(None, list(hosts), type_=ARRAY(String))), *consts)
+    else:
+        rows = select(literal_column("value"), *consts).select_from(
+            func.json_each(bindparam(None, json.dumps(list(hosts)), type_=Text)))
+    c.execute(insert(table).from_select(["host", *cols], rows))
+
+
 def _json_values(param: Any) -> Any:
     """The strings of a JSON array parameter, as a one-column subquery (SQLite)."""
     return select(literal_column("value")).select_from(func.json_each(param))

@@ -277,7 +277,7 @@ def _bulk(v1: APIRouter, engine: SimEngine) -> None:
 
     @v1.post("/jobs/query", response_model=list[Job], summary="Jobs running on any of the hosts in the body")
     def jobs_query(body: NamesQuery) -> Any:
-        return engine.jobs(body.names)
+        return Response(content=engine.jobs_json(body.names), media_type="application/json")
 
     @v1.post("/checks/query", response_model=list[CheckResult], summary="Latest check per host for an operation")
     def checks_query(body: ChecksQuery) -> Any:
@@ -361,7 +361,7 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
 
     @v1.get("/jobs", response_model=list[Job], summary="Jobs running on any of the hosts (all when absent)")
     def jobs(hosts: Annotated[str | None, Query(description="comma-separated host names")] = None) -> Any:
-        return engine.jobs(_names(hosts, "hosts"))
+        return Response(content=engine.jobs_json(_names(hosts, "hosts")), media_type="application/json")
 
     @v1.post("/jobs/checkpoint", response_model=CheckpointAck, summary="Ask jobs to checkpoint now")
     def checkpoint(body: CheckpointRequest) -> Any:

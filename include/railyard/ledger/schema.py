@@ -468,8 +468,7 @@ def insert_for_hosts(c: Connection, table: Any, hosts: Sequence[str], **same: An
     if c.dialect.name == "postgresql":
         rows = select(func.unnest(bindparam(None, list(hosts), type_=ARRAY(String))), *consts)
     else:
-        rows = select(literal_column("value"), *consts).select_from(
-            func.json_each(bindparam(None, json.dumps(list(hosts)), type_=Text)))
+        rows = _json_values(bindparam(None, json.dumps(list(hosts)), type_=Text)).add_columns(*consts)
     c.execute(insert(table).from_select(["host", *cols], rows))
 
 

@@ -217,16 +217,7 @@ class _Job(_Tracked):
                 "checkpoint_interval": self.checkpoint_interval, "dodge_until": self.dodge_until}
 
     def public(self) -> Job:
-        return Job(
-            id=self.id,
-            hosts=list(self.hosts),
-            gpus=self.gpus,
-            state=self.state,
-            last_checkpoint=self.last_checkpoint,
-            checkpoint_requested_at=self.checkpoint_requested_at,
-            checkpoint_interval=self.checkpoint_interval,
-            dodge_until=self.dodge_until,
-        )
+        return Job(**self.row())
 
 
 @dataclass

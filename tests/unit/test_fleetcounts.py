@@ -85,3 +85,31 @@ def test_a_stop_replaces_only_its_domains_counts_and_they_add_up_to_a_whole_read
     by_domain, _at = ledger.fleet_counts()
     record_fleet(fleet, ledger, cfg)
     assert by_domain == ledger.fleet_counts()[0]
+
+
+def test_a_read_of_the_whole_domain_given_is_counted_without_reading_again(tmp_path) -> None:
+    """A step that has just read every host of its domain hands the read over: the counts are taken from it and
+    the fleet is not asked again; a read that lacks one of the domain's hosts is not taken for the domain's."""
+    from railyard.domain.config import parse_config
+    from railyard.ledger import Ledger
+    from railyard.operations.fleetcounts import record_fleet
+    from railyard.sim.engine import SimEngine
+    from tests.support.configs import small_config
+    from tests.unit.test_ui_api import Clock
+
+    cfg = parse_config(small_config(domains=2, hosts_per_domain=4))
+    sim = SimEngine(cfg, None, clock=Clock())
+    fleet, ledger = Reads(sim), Ledger(f"sqlite:///{tmp_path}/ledger.db")
+    pod = cfg.domains[0]
+    record_fleet(fleet, ledger, cfg)  # the whole fleet once: from then on a domain's counts are replaced alone
+    sim.drain(list(pod.hosts[:2]), "demo/r/" + pod.name)
+    read = sim.hosts(list(pod.hosts))
+    asked = len(fleet.asked)
+    record_fleet(fleet, ledger, cfg, pod, read=read, now=sim.now())
+    assert len(fleet.asked) == asked  # nothing read: the step's own read was every host of the domain
+    rows, _at = ledger.fleet_counts()
+    states = {b: n for k, _a, b, n in rows if k == "state"}
+    assert states.get("draining") == 2 and states.get("serving") == 6
+    record_fleet(fleet, ledger, cfg, pod, read=read[1:])  # one host short: the domain is read
+    assert fleet.asked[-1] == sorted(pod.hosts)
+    assert ledger.fleet_counts()[0] == rows

@@ -97,6 +97,32 @@ def test_a_stop_upgrades_verifies_and_returns(tmp_path):
     assert (back["serving"], back["total"]) == (total, total) and back["t"] > drained["t"]
 
 
+def test_the_return_reads_nothing_more_once_the_fleet_says_every_host_serves(tmp_path):
+    """The return's last poll reads the whole lease: the hosts returned, the wait for others' returns and the
+    fleet's counts all come from that read, so nothing is read again after it once every host serves."""
+    cfg, clock, fleet, ledger, stop = world(tmp_path)
+    s = stop()
+    assert s.take().granted
+    wait_checkpoints(s, clock)
+    s.drain()
+    s.upgrade()
+    s.check()
+    reads: list[list[str]] = []
+    read = fleet.hosts
+
+    def logged(names=None):
+        got = read(names)
+        reads.append([h.state.value for h in got])
+        return got
+
+    fleet.hosts = logged  # type: ignore[method-assign]
+    assert s.return_hosts() == {"returned": 4, "offboarded": []}
+    back = [i for i, states in enumerate(reads) if states == ["serving"] * 4]
+    assert back and back[0] == len(reads) - 1, reads  # the first read that saw every host back was the last
+    rows, _at = ledger.fleet_counts()
+    assert {b: n for k, _a, b, n in rows if k == "state"}.get("serving") == len(read())  # counted from it
+
+
 def test_every_step_run_twice_changes_nothing(tmp_path):
     cfg, clock, fleet, ledger, stop = world(tmp_path)
     s = stop()

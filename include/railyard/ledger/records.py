@@ -370,12 +370,13 @@ class Records(LedgerBase):
 
     def holdings(self, op_id: str | None = None) -> dict[str, str]:
         """host -> op id, for one operation or all."""
-        q = select(leases.c.host, leases.c.op_id)
-        if op_id is not None:
-            q = q.where(leases.c.op_id == op_id)
         with self.engine.connect() as c:
-            # the driver's own tuples (both columns are plain strings): a domain's thousands of rows without a Row each
-            return dict(c.execute(q).cursor.fetchall())
+            # the driver's own tuples (plain strings): a domain's thousands of rows without a Row each
+            if op_id is None:
+                return dict(c.execute(select(leases.c.host, leases.c.op_id)).cursor.fetchall())
+            # one operation's: its hosts alone (the index holds them in order), each named with `op_id`
+            rows = c.execute(select(leases.c.host).where(leases.c.op_id == op_id)).cursor.fetchall()
+            return dict.fromkeys([h for (h,) in rows], op_id)
 
     def domains_out(self) -> dict[str, str]:
         """domain -> op id holding it."""

@@ -49,14 +49,18 @@ def domain_counts(groups: dict[str, list[Host]], now: float, held: Collection[st
     return [*rows, (NO_DOMAIN, "clock", "fleet", "now", now)]
 
 
-def record_fleet(fleet: Any, ledger: Ledger, config: RailyardConfig, domain: DomainSpec | None = None) -> None:
+def record_fleet(fleet: Any, ledger: Ledger, config: RailyardConfig, domain: DomainSpec | None = None, *,
+                 read: list[Host] | None = None, now: float | None = None) -> None:
     """Read the fleet once and keep its counts in the ledger, for the metrics (a write path's step only).
     With `domain`, only that domain's hosts are read and only its counts replaced, once the whole fleet has been
-    read (until then the metrics would count one domain as the fleet)."""
+    read (until then the metrics would count one domain as the fleet). `read`: the domain's hosts as the caller
+    has just read them, taken instead of a read when they are every host of the domain; `now`: the fleet's
+    clock as just read."""
     if domain is not None and ledger.fleet_counts()[1] is None:
         domain = None
     if domain is not None:
-        hosts = fleet.hosts(list(domain.hosts))
+        whole = read is not None and len(read) == len(domain.hosts) and {h.name for h in read} == set(domain.hosts)
+        hosts = read if whole and read is not None else fleet.hosts(list(domain.hosts))
         groups = {domain.name: hosts}
     else:
         domain_of = config.host_domain()
@@ -64,5 +68,5 @@ def record_fleet(fleet: Any, ledger: Ledger, config: RailyardConfig, domain: Dom
         for h in fleet.hosts():
             groups[domain_of.get(h.name, NO_DOMAIN)].append(h)
     held = set(ledger.holdings())  # every lease: at most the domains out and the hosts in repair
-    ledger.record_fleet_counts(domain_counts(groups, fleet.now(), held), time.time(),
+    ledger.record_fleet_counts(domain_counts(groups, fleet.now() if now is None else now, held), time.time(),
                                domains=None if domain is None else [domain.name])

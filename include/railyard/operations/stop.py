@@ -601,9 +601,11 @@ class Stop:
 
         self._wait("drain", self.timeouts.drain_s, probe)
 
-    def _sample_capacity(self) -> None:
+    def _sample_capacity(self, read: list[Host] | None = None) -> None:
         """A point of the fleet's serving capacity in the ledger, for the Railyard page's chart, and the fleet's
-        counts for the metrics. Not worth failing a stop for: a fleet that cannot say leaves them a point older."""
+        counts for the metrics. Not worth failing a stop for: a fleet that cannot say leaves them a point older.
+        `read`: hosts of the domain as the step has just read them (the domain's counts are taken from them when
+        they are all of its hosts)."""
         try:
             cap = self.fleet.capacity()
         except FleetError as exc:
@@ -613,7 +615,7 @@ class Stop:
         from railyard.operations.fleetcounts import record_fleet
 
         try:
-            record_fleet(self.fleet, self.ledger, self.config, self.domain)
+            record_fleet(self.fleet, self.ledger, self.config, self.domain, read=read, now=cap.now)
         except FleetError as exc:
             self.say(f"{self.domain.name}: fleet counts not recorded: {exc}")
 
@@ -811,14 +813,18 @@ class Stop:
             self.ledger.note(self.op_id, "return", back, "verified at " + _fmt_targets(self.targets), actor=self.actor)
 
         def probe() -> tuple[bool, str]:
-            now = self.fleet.hosts(back)
-            ok = sum(1 for h in now if h.state == HostState.SERVING)
+            last[:] = now = self.fleet.hosts(held)  # the whole lease's: what the wait below looks at too
+            ok = sum(1 for h in now if h.name in returning and h.state == HostState.SERVING)
             return ok == len(back), f"returned {ok}/{len(back)}"
 
         self._wait("return", self.timeouts.return_s, probe)
+        read_for = list(held)  # the lease `last` was read for
+
         # hosts that another run of this teardown returned meanwhile (two reconcilers) are on their way too
         def returned() -> tuple[bool, str]:
-            last[:] = self.fleet.hosts(self.held())
+            names = self.held()
+            if names != read_for or any(h.state == HostState.RETURNING for h in last):
+                last[:], read_for[:] = self.fleet.hosts(names), names
             return not [h for h in last if h.state == HostState.RETURNING], "returning"
 
         self._wait("return", self.timeouts.return_s, returned)
@@ -831,7 +837,7 @@ class Stop:
         if out:
             raise StopError(f"{self.domain.name}: hosts neither serving nor in repair: {', '.join(out)}")
         self._let_go([h.name for h in final if h.state == HostState.FAILED])
-        self._sample_capacity()
+        self._sample_capacity(final)
         repaired = self.offboarded()
         why = (f"returned {len(back)}, to repair {len(repaired)}"
                + (" (closing: its run is gone)" if self.closing else ""))

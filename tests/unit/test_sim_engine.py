@@ -785,3 +785,32 @@ def test_a_checkpoint_folds_the_log_into_the_database_beside_the_saves(tmp_path:
     assert store.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
     sim.close()
     store.checkpoint()  # closed: nothing, no error
+
+
+def test_a_tick_makes_the_json_of_the_hosts_it_changed_ready_for_the_read_that_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tick that brings about a phase's end also makes the JSON of the hosts it changed, so the train's poll
+    on its way answers without encoding them; the answer is what a fresh encoding of the hosts gives."""
+    from railyard.sim import engine as engine_module
+
+    clock = FakeClock()
+    sim = SimEngine(small_config(), None, clock=clock)
+    names = ["gpu-a1", "gpu-a2"]
+    sim.drain(names, "op-1")
+    clock.fleet(121)
+    sim.tick()
+    encoded: list[object] = []
+    real = engine_module._encode
+
+    def counting(obj: object) -> bytes:
+        encoded.append(obj)
+        return real(obj)
+
+    monkeypatch.setattr(engine_module, "_encode", counting)
+    answer = json.loads(sim.hosts_json(names))
+    assert [h["state"] for h in answer] == ["drained", "drained"]
+    assert encoded == []  # made by the tick
+    monkeypatch.setattr(engine_module, "_encode", real)
+    sim._host_json.clear()  # what a fresh encoding of the same hosts gives
+    assert answer == json.loads(sim.hosts_json(names))
+    sim.close()

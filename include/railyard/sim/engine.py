@@ -404,6 +404,7 @@ class SimEngine:
         self._check_rev: dict[str, dict[str, int]] = {}  # op -> host -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, bytes] = {}  # name -> its API JSON, until it changes
+        self._host_stale: set[str] = set()  # hosts changed since their JSON was last made (`tick` makes it again)
         # What the clock waits for, kept as objects change: each host's and job's next event time.
         self._due: _Timeline[tuple[str, str]] = _Timeline()
         # When hosts' transitions end, for the server's clock to wake at (`next_transition_in`).
@@ -819,10 +820,15 @@ class SimEngine:
         `next_transition_in`): brings about what fell due as a read does, so that the end of a domain's phase,
         thousands of hosts, is saved by the next write, which a train's next step soon is: written once with
         that step's own change to the same hosts, and not while the step's poll waits for the lock. What reads
-        and ticks brought about is saved here once it has waited `save_after_s` real seconds without a write."""
+        and ticks brought about is saved here once it has waited `save_after_s` real seconds without a write.
+        The JSON of the hosts changed since the last tick is made here too, ready for the reads that follow."""
         since = self._unsaved_since
         if since is not None and self._clock() - since >= save_after_s:
             self._persist()
+        self._flush()
+        stale, self._host_stale = self._host_stale, set()
+        for name in stale:  # a phase's end: its hosts are what the train's poll on its way reads
+            self._host_part(name)
 
     def checkpoint(self) -> None:
         """Fold the database's write-ahead log into it (`_Store.checkpoint`), outside the engine's lock: the
@@ -1152,6 +1158,7 @@ class SimEngine:
                 self._host_rev[key] = self._seq
                 self._host_log.append((self._seq, key))
                 self._host_json.pop(key, None)
+                self._host_stale.add(key)
                 h = self._hosts[key]
                 self._count(h)
                 if h.state == HostState.SERVING and h.job is None:

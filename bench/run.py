@@ -70,9 +70,12 @@ def rows_stop(f: dict[str, Any]) -> list[Row]:
         goal = f["goals"].get(n)
         what = (f"overhead per stop, a {len(r['stops'])}-stop train over {r['hosts']:,} hosts, {n:,} a domain"
                 if r["hosts"] > 10_000 else f"overhead per stop, {n:,} hosts a domain")
-        out.append((what, f"{r['overhead_per_stop_s']:.2f} s ({ratio}x), {r['calls_per_stop']:.0f} calls",
-                    f"64 hosts a domain {base:.2f} s", f"<= {goal}x" if goal else "-",
-                    goal is not None and ratio <= goal))
+        own, own_base = r.get("own_per_stop_s"), f.get("baseline_own_s")
+        split = (f", of it {own:.2f} s ({f['own_ratios'][n]}x) own work beyond the wait for the next poll"
+                 if own is not None and own_base else "")
+        out.append((what, f"{r['overhead_per_stop_s']:.2f} s ({ratio}x){split}, {r['calls_per_stop']:.0f} calls",
+                    f"64 hosts a domain {base:.2f} s" + (f" ({own_base:.2f} s own)" if split else ""),
+                    f"<= {goal}x" if goal else "-", goal is not None and ratio <= goal))
     return out
 
 

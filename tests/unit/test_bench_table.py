@@ -64,6 +64,25 @@ def test_the_stop_rows_judge_each_size_against_its_own_goal():
     figures["ratios"] = {64: 1.0, 1024: 1.4, 3840: 1.9}
     assert [r[4] for r in bench_run.rows_stop(figures)] == [True, True]
     assert "0.70 s (1.4x)" in bench_run.rows_stop(figures)[0][1]
+    # with the split of the overhead: what the wait for the next poll leaves, beside the judged figure
+    figures |= {"baseline_own_s": 0.1, "own_ratios": {64: 1.0, 1024: 3.0, 3840: 6.0}}
+    figures["runs"][1]["own_per_stop_s"] = 0.3
+    row = bench_run.rows_stop(figures)[0]
+    assert "0.70 s (1.4x), of it 0.30 s (3.0x) own work" in row[1] and "(0.10 s own)" in row[2] and row[4]
+
+
+def test_the_wait_for_the_next_poll_runs_from_each_phases_end_to_the_first_read_after_it():
+    import bench_stop
+
+    phases = {"drain": 1.0, "upgrade": 6.0, "check": 2.5, "return": 0.25}
+    started = [(0.0, "POST /v1/hosts/drain"), (0.5, "POST /v1/hosts/query"), (1.04, "POST /v1/hosts/query"),
+               (1.2, "POST /v1/hosts/upgrade"), (7.1, "POST /v1/hosts/query"), (7.25, "POST /v1/hosts/query"),
+               (7.3, "POST /v1/hosts/check"), (9.0, "POST /v1/checks/query"), (9.81, "POST /v1/checks/query"),
+               (9.9, "POST /v1/hosts/return"), (10.2, "GET /v1/capacity"), (10.21, "POST /v1/hosts/query")]
+    # 0.04 after the drain, 0.05 after the upgrade, 0.01 after the check, 0.06 after the return (a capacity read
+    # is no poll)
+    assert abs(bench_stop.poll_wait_s(started, phases) - 0.16) < 1e-9
+    assert abs(bench_stop.poll_wait_s(started[:3], phases) - 0.04) < 1e-9  # phases never written: no wait
 
 
 SSH_SCALE = {"hosts": 1024, "parallelism": 64, "railyard_s": 21.7, "all_ok": True, "ansible_best": "ansible -m raw",

@@ -814,3 +814,41 @@ def test_a_tick_makes_the_json_of_the_hosts_it_changed_ready_for_the_read_that_f
     sim._host_json.clear()  # what a fresh encoding of the same hosts gives
     assert answer == json.loads(sim.hosts_json(names))
     sim.close()
+
+
+def test_the_servers_clock_keeps_what_the_world_gained_out_of_the_collector_but_not_before_a_transition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between ticks, once `keep_every_s` has passed, the ticker collects and freezes what the world and its
+    audit gained (`_keep`), so that later passes of the collector walk only what came since; never when a
+    transition ends within 50 ms, which would wait for it."""
+    from railyard.sim import app
+
+    clock = FakeClock()
+    sim = SimEngine(small_config(), None, clock=clock)
+    kept: list[float | None] = []
+    monkeypatch.setattr(app, "_keep", lambda: kept.append(sim.next_transition_in()))
+
+    class Stop:
+        def __init__(self, waits: int) -> None:
+            self.left = waits
+
+        def wait(self, s: float) -> bool:
+            clock.t += s
+            self.left -= 1
+            return self.left < 0
+
+    app._ticker(sim, Stop(3), every_s=0.1, keep_every_s=0.0)  # type: ignore[arg-type]
+    assert kept == [None, None, None]  # nothing in flight: kept at every tick it was due
+    sim.drain(["gpu-a1"], "op-1")  # its end: 120 fleet s = 12 real s away
+    kept.clear()
+    app._ticker(sim, Stop(2), every_s=0.1, keep_every_s=0.0)  # type: ignore[arg-type]
+    assert len(kept) == 2 and all(k is not None and k >= 0.05 for k in kept)
+    left = sim.next_transition_in()
+    assert left is not None
+    clock.t += left - 0.1 - 0.02  # the tick after the next 0.1 s wait: 20 ms before the drain ends
+    kept.clear()
+    app._ticker(sim, Stop(1), every_s=0.1, keep_every_s=0.0)  # type: ignore[arg-type]
+    assert kept == [] and sim._hosts["gpu-a1"].state == HostState.DRAINING
+    app._ticker(sim, Stop(1), every_s=0.1, keep_every_s=0.0)  # type: ignore[arg-type]
+    assert kept == [None] and sim._hosts["gpu-a1"].state == HostState.DRAINED  # once it has ended
+    sim.close()

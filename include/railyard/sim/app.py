@@ -20,6 +20,7 @@ import secrets
 import signal
 import ssl
 import threading
+import time
 from pathlib import Path as FilePath
 from types import FrameType
 from typing import Annotated, Any
@@ -444,13 +445,15 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
 
 
 def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soonest_s: float = 0.005,
-            save_after_s: float = 1.0) -> None:
+            save_after_s: float = 1.0, keep_every_s: float = 5.0) -> None:
     """Advance the world regularly, so the audit is sampled even when nobody calls, and as each host's
     transition ends: a domain's phase end is brought about when it falls due, while the train's next poll is
     still on its way, rather than inside that poll, and saved by the next write or, failing one, by a tick
     `save_after_s` later (`SimEngine.tick`). Between ticks, the database's log is folded into it
-    (`SimEngine.checkpoint`), so that no save does it."""
+    (`SimEngine.checkpoint`), so that no save does it; and every `keep_every_s`, when no transition ends in the
+    next 50 ms, what the world and its audit have gained since is kept out of the collector's passes (`_keep`)."""
     wait = every_s
+    kept_at = time.monotonic()
     while not stop.wait(wait):
         try:
             engine.tick(save_after_s)  # first: what fell due now (a domain's phase end) waits for nothing else
@@ -466,6 +469,20 @@ def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soon
             log.exception("the next transition could not be read")
             due = None
         wait = every_s if due is None else min(every_s, max(due, soonest_s))
+        if time.monotonic() - kept_at >= keep_every_s and (due is None or due >= 0.05):
+            _keep()
+            kept_at = time.monotonic()
+
+
+def _keep() -> None:
+    """Collect, then freeze what is left: the simulator keeps what it records for good (each stop adds its
+    installs, returns and the hosts' new versions: 16,000 objects at 3,840 hosts a domain), and each full pass
+    of the collector walks all of it again, at a moment no one chooses: 11 ms after two such stops, 86 ms
+    after twelve, mostly in the middle of a phase's end or a request. Collected here, between ticks, a pass
+    walks only what came since; a frozen object is still freed when its last reference goes."""
+    if gc.isenabled():
+        gc.collect()
+        gc.freeze()
 
 
 def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None, *,

@@ -819,14 +819,14 @@ def test_a_tick_makes_the_json_of_the_hosts_it_changed_ready_for_the_read_that_f
 def test_the_servers_clock_keeps_what_the_world_gained_out_of_the_collector_but_not_before_a_transition(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Between ticks, once `keep_every_s` has passed, the ticker collects and freezes what the world and its
-    audit gained (`_keep`), so that later passes of the collector walk only what came since; never when a
-    transition ends within 50 ms, which would wait for it."""
+    audit gained (`gcpause.keep_long_lived`), so that later passes of the collector walk only what came since;
+    never when a transition ends within 50 ms, which would wait for it."""
     from railyard.sim import app
 
     clock = FakeClock()
     sim = SimEngine(small_config(), None, clock=clock)
     kept: list[float | None] = []
-    monkeypatch.setattr(app, "_keep", lambda: kept.append(sim.next_transition_in()))
+    monkeypatch.setattr(app.gcpause, "keep_long_lived", lambda: kept.append(sim.next_transition_in()))
 
     class Stop:
         def __init__(self, waits: int) -> None:

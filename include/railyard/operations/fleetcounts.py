@@ -59,9 +59,9 @@ def record_fleet(fleet: Any, ledger: Ledger, config: RailyardConfig, domain: Dom
     if domain is not None and ledger.fleet_counts()[1] is None:
         domain = None
     if domain is not None:
-        whole = read is not None and len(read) == len(domain.hosts) and {h.name for h in read} == set(domain.hosts)
-        hosts = read if whole and read is not None else fleet.hosts(list(domain.hosts))
-        groups = {domain.name: hosts}
+        if read is None or len(read) != len(domain.hosts) or {h.name for h in read} != set(domain.hosts):
+            read = fleet.hosts(list(domain.hosts))
+        groups = {domain.name: read}
     else:
         domain_of = config.host_domain()
         groups = defaultdict(list)

@@ -818,13 +818,12 @@ class Stop:
             return ok == len(back), f"returned {ok}/{len(back)}"
 
         self._wait("return", self.timeouts.return_s, probe)
-        read_for = list(held)  # the lease `last` was read for
 
         # hosts that another run of this teardown returned meanwhile (two reconcilers) are on their way too
         def returned() -> tuple[bool, str]:
             names = self.held()
-            if names != read_for or any(h.state == HostState.RETURNING for h in last):
-                last[:], read_for[:] = self.fleet.hosts(names), names
+            if names != held or any(h.state == HostState.RETURNING for h in last):  # else as the probe read them
+                last[:] = self.fleet.hosts(names)
             return not [h for h in last if h.state == HostState.RETURNING], "returning"
 
         self._wait("return", self.timeouts.return_s, returned)

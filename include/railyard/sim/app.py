@@ -33,7 +33,7 @@ from typing_extensions import TypedDict
 
 from railyard.domain.config import RailyardConfig
 from railyard.domain.models import TOKEN_RE, Capacity, CheckResult, FleetToken, Host, Job, Step, check_token
-from railyard.fleet import FleetNotFound
+from railyard.fleet import FleetNotFound, gcpause
 from railyard.fleet.http import CHANGES_HEADER, CURSOR_HEADER
 from railyard.fleet.port import FleetError
 from railyard.sim.engine import SimEngine
@@ -451,7 +451,11 @@ def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soon
     still on its way, rather than inside that poll, and saved by the next write or, failing one, by a tick
     `save_after_s` later (`SimEngine.tick`). Between ticks, the database's log is folded into it
     (`SimEngine.checkpoint`), so that no save does it; and every `keep_every_s`, when no transition ends in the
-    next 50 ms, what the world and its audit have gained since is kept out of the collector's passes (`_keep`)."""
+    next 50 ms, what the world and its audit have gained since is collected and frozen (`gcpause.keep_long_lived`):
+    each stop adds its installs, returns and the hosts' new versions for good (16,000 objects at 3,840 hosts a
+    domain), and each full pass of the collector walked all of it again, at a moment no one chooses (11 ms
+    after two such stops, 86 ms after twelve, mostly in a phase's end or a request); now a pass walks only what
+    came since."""
     wait = every_s
     kept_at = time.monotonic()
     while not stop.wait(wait):
@@ -470,19 +474,8 @@ def _ticker(engine: SimEngine, stop: threading.Event, every_s: float = 0.1, soon
             due = None
         wait = every_s if due is None else min(every_s, max(due, soonest_s))
         if time.monotonic() - kept_at >= keep_every_s and (due is None or due >= 0.05):
-            _keep()
+            gcpause.keep_long_lived()
             kept_at = time.monotonic()
-
-
-def _keep() -> None:
-    """Collect, then freeze what is left: the simulator keeps what it records for good (each stop adds its
-    installs, returns and the hosts' new versions: 16,000 objects at 3,840 hosts a domain), and each full pass
-    of the collector walks all of it again, at a moment no one chooses: 11 ms after two such stops, 86 ms
-    after twelve, mostly in the middle of a phase's end or a request. Collected here, between ticks, a pass
-    walks only what came since; a frozen object is still freed when its last reference goes."""
-    if gc.isenabled():
-        gc.collect()
-        gc.freeze()
 
 
 def serve(config: RailyardConfig, db_path: str | None, host: str = "127.0.0.1", port: int | None = None, *,

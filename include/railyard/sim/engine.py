@@ -404,7 +404,7 @@ class SimEngine:
         self._check_rev: dict[str, dict[str, int]] = {}  # op -> host -> the `_seq` of its check's last change
         self._epoch = secrets.token_hex(6)  # a cursor of another engine (a restart) is never taken for ours
         self._host_json: dict[str, bytes] = {}  # name -> its API JSON, until it changes
-        self._host_stale: set[str] = set()  # hosts changed since their JSON was last made (`tick` makes it again)
+        self._json_seq = 0  # `tick` made the JSON of the hosts changed up to this `_seq`
         # What the clock waits for, kept as objects change: each host's and job's next event time.
         self._due: _Timeline[tuple[str, str]] = _Timeline()
         # When hosts' transitions end, for the server's clock to wake at (`next_transition_in`).
@@ -826,9 +826,10 @@ class SimEngine:
         if since is not None and self._clock() - since >= save_after_s:
             self._persist()
         self._flush()
-        stale, self._host_stale = self._host_stale, set()
-        for name in stale:  # a phase's end: its hosts are what the train's poll on its way reads
+        start = bisect.bisect_right(self._host_log, (self._json_seq, "\U0010ffff"))
+        for _seq, name in self._host_log[start:]:  # a phase's end: its hosts are what the train's poll reads next
             self._host_part(name)
+        self._json_seq = self._seq
 
     def checkpoint(self) -> None:
         """Fold the database's write-ahead log into it (`_Store.checkpoint`), outside the engine's lock: the
@@ -1158,7 +1159,6 @@ class SimEngine:
                 self._host_rev[key] = self._seq
                 self._host_log.append((self._seq, key))
                 self._host_json.pop(key, None)
-                self._host_stale.add(key)
                 h = self._hosts[key]
                 self._count(h)
                 if h.state == HostState.SERVING and h.job is None:

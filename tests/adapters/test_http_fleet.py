@@ -562,7 +562,8 @@ def test_reads_of_hosts_ask_only_for_what_changed_and_add_up_to_a_full_read(sim_
 def test_polls_of_check_results_ask_only_for_what_changed(sim_server: SimServer) -> None:
     """While a domain's checks run, each poll after the first gets back only the checks that changed (none
     while they all run); what `check_results` returns is a full read's answer each time, also after a
-    restarted server forgets the cursor."""
+    restarted server forgets the cursor. Once every check asked for is over, its view is not kept: the next
+    read is whole."""
     import json
 
     from railyard.fleet.http import CHANGES_HEADER
@@ -591,14 +592,16 @@ def test_polls_of_check_results_ask_only_for_what_changed(sim_server: SimServer)
     first = fleet.check_results(POD_B, op)
     assert first == full() and {r.status for r in first} == {"pending"} and len(first) == 4
     assert answered[-1][0] and answered[-1][1] == 4  # the checks started since the first read: all four
+    assert fleet._check_views  # checks still run: kept for the polls by changes
     assert fleet.check_results(POD_B, op) == full()
     assert answered[-1][:2] == (True, 0) and answered[-1][2]  # nothing changed since: nothing sent
-    wait_for("checks", lambda: all(r.status != "pending" for r in fleet.check_results(POD_B, op)), timeout=30)
-    assert fleet.check_results(POD_B, op) == full()
     sim_server.kill()
     fleet.base_url = sim_server.start()  # another server: the cursor is not its own, its full answer counts
     assert fleet.check_results(POD_B, op) == full()
-    assert answered[-1][2] is None
+    assert answered[-1][0] and answered[-1][2] is None
+    wait_for("checks", lambda: all(r.status != "pending" for r in fleet.check_results(POD_B, op)), timeout=30)
+    assert not fleet._check_views  # every check is over: nothing kept
+    assert fleet.check_results(POD_B, op) == full() and answered[-1][0] is False
 
 
 def test_a_fleet_that_sends_no_cursor_is_read_whole_every_time() -> None:

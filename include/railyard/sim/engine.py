@@ -1302,7 +1302,9 @@ class SimEngine:
                end: float | None = None) -> None:
         if op is None:
             return
-        phases = self._stops.setdefault((op, domain), {p: [None, None] for p in _PHASES})
+        phases = self._stops.get((op, domain))
+        if phases is None:  # (asked for each of a domain's thousands of hosts: the empty record made once)
+            phases = self._stops[(op, domain)] = {p: [None, None] for p in _PHASES}
         span = phases[phase]
         if start is not None and (span[0] is None or start < span[0]):
             span[0] = start

@@ -503,3 +503,21 @@ def test_a_domains_verdicts_are_kept_each_as_given_and_replaced_per_host(ledger)
     assert {h: got[h] for h in got if h not in ("h05", "h01")} == {
         h: (ok, v, why) for h, ok, v, why in verdicts if h not in ("h05", "h01")}
     assert len(got) == 8
+
+
+def test_versions_before_keep_each_hosts_first_record_in_one_statement_per_set_of_versions(ledger):
+    """A domain's versions before its upgrade are written one statement per set of versions its hosts share:
+    each host still gets its own row, a retry that finds hosts half upgraded keeps their first record and adds
+    only the hosts never recorded, and another operation's hosts are apart."""
+    led = ledger()
+    old = {"kernel": "6.1", "driver": "535.9"}
+    odd = {"driver": "535.9", "kernel": "6.0", "firmware": "96.00"}
+    first = {f"h0{j}": dict(old) for j in range(6)} | {"h06": dict(odd)}
+    led.record_versions_before("op1", first)
+    led.record_versions_before("op2", {"h00": {"driver": "550.1"}})
+    assert led.versions_before("op1") == first
+    # the retry: two hosts already at the new versions, one never recorded
+    led.record_versions_before("op1", {"h00": {"driver": "550.1", "kernel": "6.1"}, "h01": dict(old),
+                                       "h07": dict(odd)})
+    assert led.versions_before("op1") == first | {"h07": odd}
+    assert led.versions_before("op2") == {"h00": {"driver": "550.1"}}

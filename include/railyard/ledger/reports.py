@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 
 from railyard.ledger.base import LedgerBase
-from railyard.ledger.schema import capacity_samples, run_reports, versions_before
+from railyard.ledger.schema import capacity_samples, insert_for_hosts, run_reports, versions_before
 
 
 class Reports(LedgerBase):
@@ -19,13 +19,18 @@ class Reports(LedgerBase):
         and must not record that as their before, so a host already recorded keeps its first row."""
         if not versions:
             return
+        now = self.clock()
         with self.engine.begin() as c:
             # every host recorded for the operation (a domain's at most): no list of thousands of names to bind
             have = set(c.execute(select(versions_before.c.host).where(versions_before.c.op_id == op_id)).scalars())
-            rows = [{"op_id": op_id, "host": h, "versions": json.dumps(dict(v), sort_keys=True), "at": self.clock()}
-                    for h, v in versions.items() if h not in have]
-            if rows:
-                c.execute(insert(versions_before), rows)
+            # a domain's hosts mostly share their versions: one statement for each set of versions, its hosts in
+            # one parameter, instead of a row per host bound one at a time
+            alike: dict[tuple[tuple[str, str], ...], list[str]] = {}
+            for h, v in versions.items():
+                if h not in have:
+                    alike.setdefault(tuple(sorted(v.items())), []).append(h)
+            for key, hosts in alike.items():
+                insert_for_hosts(c, versions_before, hosts, op_id=op_id, versions=json.dumps(dict(key)), at=now)
 
     def versions_before(self, op_id: str) -> dict[str, dict[str, str]]:
         with self.engine.connect() as c:

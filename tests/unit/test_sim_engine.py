@@ -601,17 +601,18 @@ def _random_world_steps(sim: SimEngine, clock: FakeClock, rng: random.Random, st
 
 @pytest.mark.parametrize("seed", range(12))
 def test_reads_of_what_changed_since_a_cursor_always_add_up_to_a_full_read(clock: FakeClock, seed: int) -> None:
-    """Two readers keep their view of the hosts by `host_changes` alone (one of a domain and a half, one of the
-    fleet): after every change of any kind, each view equals a full read; an answer never holds a host that did
-    not change, and a cursor of another engine gets a full answer, marked as such."""
+    """Readers keep their view of the hosts by `host_changes` alone (of a domain and a half, in an order of their
+    own, once with a name twice, and of the fleet): after every change of any kind, each view equals a full
+    read; an answer holds the hosts that changed, in the order asked, never one that did not, and a cursor of
+    another engine gets a full answer, marked as such."""
     import json
 
     sim = SimEngine(small_config(host_failure_per_hour=2.0, upgrade_fail_rate=0.2, check_fail_rate=0.2), None,
                     clock=clock)
     rng = random.Random(seed)
-    some = [h.name for h in sim.hosts()][2:9]
+    some = [h.name for h in sim.hosts()][2:9][::-1]
     views: dict[tuple[str, ...] | None, tuple[str, dict[str, Any]]] = {}
-    for key in (tuple(some), None):
+    for key in (tuple(some), (*some, some[2]), None):
         cursor, content, delta = sim.host_changes(None if key is None else list(key), None)
         assert not delta
         views[key] = (cursor, {h["name"]: h for h in json.loads(content)})
@@ -625,6 +626,8 @@ def test_reads_of_what_changed_since_a_cursor_always_add_up_to_a_full_read(clock
             merged = seen | {h["name"]: h for h in changed}
             want = {n: full[n] for n in (key or full)}
             assert merged == want
+            names = {h["name"] for h in changed}
+            assert [h["name"] for h in changed] == [n for n in (key or sorted(full)) if n in names]
             views[key] = (new_cursor, merged)
             again = sim.host_changes(None if key is None else list(key), new_cursor)
             assert again[1] == b"[]" and again[2]  # nothing changed since: nothing in the answer

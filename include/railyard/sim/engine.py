@@ -483,19 +483,18 @@ class SimEngine:
         if after is None:
             return cursor, self.hosts_json(names), False
         if names is None:
-            start = bisect.bisect_right(self._host_log, (after, "\U0010ffff"))
-            changed = sorted({n for _, n in self._host_log[start:]})
+            changed = sorted({n for _, n in self._log_since(after)})
             if out and len(changed) > len(self._not_serving):
                 # more hosts changed than are out now (a domain gone out and back since the cursor): the
                 # whole answer is the smaller one, and a reader takes an answer without the echo as whole
                 return cursor, b"[" + b",".join(self._host_part(n) for n in sorted(self._not_serving)) + b"]", False
         else:
             place = self._list(names)
-            start = bisect.bisect_right(self._host_log, (after, "\U0010ffff"))
-            if len(self._host_log) - start < len(names) and len(place) == len(names):
+            recent = self._log_since(after)
+            if len(recent) < len(names) and len(place) == len(names):
                 # fewer hosts changed since than were asked for (a poll while a domain installs: none): found from
                 # the log, in the order asked, without a look at each name
-                changed = [names[i] for i in sorted({place[n] for _, n in self._host_log[start:] if n in place})]
+                changed = [names[i] for i in sorted({place[n] for _, n in recent if n in place})]
             else:
                 rev = self._host_rev
                 changed = [n for n in names if rev.get(n, 0) > after]
@@ -836,8 +835,7 @@ class SimEngine:
         if since is not None and self._clock() - since >= save_after_s:
             self._persist()
         self._flush()
-        start = bisect.bisect_right(self._host_log, (self._json_seq, "\U0010ffff"))
-        for _seq, name in self._host_log[start:]:  # a phase's end: its hosts are what the train's poll reads next
+        for _seq, name in self._log_since(self._json_seq):  # a phase's end: what the train's poll reads next
             self._host_part(name)
         self._json_seq = self._seq
 
@@ -1368,6 +1366,10 @@ class SimEngine:
 
     def _sorted_hosts(self) -> list[_Host]:
         return [self._hosts[n] for n in self._names]
+
+    def _log_since(self, seq: int) -> list[tuple[int, str]]:
+        """The (seq, name) entries of `_host_log` after `seq`: each host changed since, at least once."""
+        return self._host_log[bisect.bisect_right(self._host_log, (seq, "\U0010ffff")):]
 
     def _list(self, names: list[str]) -> dict[str, int]:
         """Refuses unless every one of `names` is a host (`_known`), once for each of the last lists asked for;

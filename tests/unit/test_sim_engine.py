@@ -855,3 +855,36 @@ def test_the_servers_clock_keeps_what_the_world_gained_out_of_the_collector_but_
     app._ticker(sim, Stop(1), every_s=0.1, keep_every_s=0.0)  # type: ignore[arg-type]
     assert kept == [None] and sim._hosts["gpu-a1"].state == HostState.DRAINED  # once it has ended
     sim.close()
+
+
+def test_no_pass_of_the_collector_starts_while_a_call_holds_the_lock(sim: SimEngine, clock: FakeClock) -> None:
+    """A domain's call or phase end makes thousands of objects; with the collector on, a pass would start every
+    few hundred of them, each re-walking what the train made since the last freeze, with the lock held and the
+    train's next poll waiting. The collector is paused inside each call; passes run after it, and nothing is lost."""
+    import gc
+
+    passes: list[bool] = []  # for each pass: whether it started with the engine's lock held by this thread
+
+    def seen(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(sim._lock._is_owned())  # type: ignore[attr-defined]
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(seen)
+    gc.set_threshold(5)  # a pass every 5 allocations: a call of 4 hosts would set off dozens
+    try:
+        assert gc.isenabled()
+        drained(sim, clock, POD_A, "op-1")
+        sim.upgrade_hosts({h: STEPS for h in POD_A}, "op-1")
+        clock.fleet(UPGRADE_S)
+        sim.start_checks({h: TARGETS for h in POD_A}, "op-1")
+        clock.fleet(300)
+        assert {r.status for r in sim.check_results(POD_A, "op-1")} == {"passed"}
+        sim.return_to_service(POD_A, "op-1")
+        clock.fleet(30)
+        assert {h.state for h in sim.hosts(POD_A)} == {HostState.SERVING}
+        assert gc.isenabled()  # given back on after every call
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*threshold)
+    assert passes and not any(passes)  # passes ran between the calls, none inside one

@@ -169,6 +169,17 @@ def test_bad_bodies_and_versions_are_refused(shared_sim_server: SimServer) -> No
     assert requests.post(f"{url}/v1/hosts/gpu-a01/check", json=body, timeout=5).status_code == 422
     assert requests.patch(f"{url}/v1/settings", json={"upgrade_fail_rate": 2}, timeout=5).status_code == 422
     assert HttpFleet(url).settings(check_fail_rate=0.5)["check_fail_rate"] == 0.5
+    # the bulk bodies, validated from their bytes: the same 422, each error at ("body", ...), the bad value named
+    body = {"hosts": {"gpu-a01": [{"component": "gpu-driver", "version": "570; rm -rf /"}]}, "op": "op-1"}
+    r = requests.post(f"{url}/v1/hosts/upgrade", json=body, timeout=5)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "hosts", "gpu-a01", 0, "version"], r.text
+    assert r.json()["detail"][0]["input"] == "570; rm -rf /"
+    r = requests.post(f"{url}/v1/hosts/check", json={"hosts": {"gpu-a01": {"gpu-driver": "570"}}}, timeout=5)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "op"], r.text
+    junk = "not json " + "x" * 5000
+    r = requests.post(f"{url}/v1/hosts/drain", data=junk, headers={"Content-Type": "application/json"}, timeout=5)
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid" and "xxxx" not in r.text, r.text
+    assert requests.post(f"{url}/v1/hosts/query", json={"names": ["gpu-a01"], "extra": 1}, timeout=5).status_code == 422
 
 
 def test_openapi_lists_the_paths(shared_sim_server: SimServer) -> None:

@@ -27,8 +27,11 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, with_config
+from starlette.concurrency import run_in_threadpool
 from typing_extensions import TypedDict
 
 from railyard.domain.config import RailyardConfig
@@ -268,33 +271,75 @@ def _host_changes(engine: SimEngine, names: list[str] | None, since: str | None,
     return Response(content=content, media_type="application/json", headers=headers)
 
 
-def _bulk(v1: APIRouter, engine: SimEngine) -> None:
+class _BulkRoute(APIRoute):
+    """A route whose one argument is its JSON body, validated from the bytes in one pass by pydantic-core, where
+    FastAPI decodes the body to Python objects first and validates those after: a domain's upgrades, 3,840 hosts'
+    steps in 622 KB, take 7-8 ms that way and 5 ms this way (in isolation; FastAPI's two passes took 9-21 ms
+    inside a running simulator). The schema, the 422 answer (each error at ("body", ...)) and the OpenAPI
+    document stay FastAPI's own."""
+
+    def get_route_handler(self) -> Any:
+        assert self.body_field is not None, f"{self.path}: a bulk route takes its JSON body"
+        model = self.body_field.field_info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel), f"{self.path}: a bulk body is a model"
+        endpoint = self.endpoint
+
+        async def handler(request: Request) -> Response:
+            raw = await request.body()
+            try:
+                body = model.model_validate_json(raw)
+            except ValidationError as exc:
+                # as FastAPI words them; a body that is not JSON is not echoed back (a domain's is 600 KB)
+                errors = [{**e, "loc": ("body", *e["loc"])} | ({"input": {}} if e["type"] == "json_invalid" else {})
+                          for e in exc.errors(include_url=False)]
+                raise RequestValidationError(errors, body=raw) from None
+            return await run_in_threadpool(endpoint, body)
+
+        return handler
+
+
+def _bulk(engine: SimEngine) -> APIRouter:
     """A domain's work in one request: reads by names in the body (a URL holds far fewer than a domain's
-    thousands), and the upgrades and checks of many hosts at once."""
+    thousands), the drain and the return of many hosts, and their upgrades and checks. Each answers a `Response`
+    (`_BulkRoute`)."""
+    v1 = APIRouter(route_class=_BulkRoute)
 
     @v1.post("/hosts/query", response_model=list[Host], summary="Hosts by name, the names in the body")
-    def hosts_query(body: HostsQuery) -> Any:
+    def hosts_query(body: HostsQuery) -> Response:
         return _host_changes(engine, body.names, body.since)
 
     @v1.post("/jobs/query", response_model=list[Job], summary="Jobs running on any of the hosts in the body")
-    def jobs_query(body: NamesQuery) -> Any:
+    def jobs_query(body: NamesQuery) -> Response:
         return Response(content=engine.jobs_json(body.names), media_type="application/json")
 
     @v1.post("/checks/query", response_model=list[CheckResult], summary="Latest check per host for an operation")
-    def checks_query(body: ChecksQuery) -> Any:
+    def checks_query(body: ChecksQuery) -> Response:
         cursor, content, delta = engine.check_changes(body.hosts, body.op, body.since)
         headers = {CURSOR_HEADER: cursor} | ({CHANGES_HEADER: body.since} if delta and body.since else {})
         return Response(content=content, media_type="application/json", headers=headers)
 
+    @v1.post("/hosts/drain", response_model=list[Host], summary="Drain hosts (jobs on them are interrupted)")
+    def drain(body: HostsRequest) -> Response:
+        engine.drain(body.hosts, body.op)
+        # the engine's JSON, not a model per host: a domain of thousands answers in milliseconds
+        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
+
     @v1.post("/hosts/upgrade", response_model=Count, summary="Start the upgrades of many drained hosts")
-    def upgrade_hosts(body: UpgradesRequest) -> Any:
+    def upgrade_hosts(body: UpgradesRequest) -> Response:
         engine.upgrade_hosts(body.hosts, body.op)
-        return {"hosts": len(body.hosts)}
+        return JSONResponse({"hosts": len(body.hosts)})
 
     @v1.post("/hosts/check", response_model=Count, summary="Start the deep health checks of many drained hosts")
-    def check_hosts(body: ChecksRequest) -> Any:
+    def check_hosts(body: ChecksRequest) -> Response:
         engine.start_checks(body.hosts, body.op)
-        return {"hosts": len(body.hosts)}
+        return JSONResponse({"hosts": len(body.hosts)})
+
+    @v1.post("/hosts/return", response_model=list[Host], summary="Return drained hosts to service")
+    def return_(body: HostsRequest) -> Response:
+        engine.return_to_service(body.hosts, body.op)
+        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
+
+    return v1
 
 
 def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
@@ -358,7 +403,7 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
                                                         "it takes no names")
         return _host_changes(engine, _names(names, "names"), since, out)
 
-    _bulk(v1, engine)
+    v1.include_router(_bulk(engine))
 
     @v1.get("/jobs", response_model=list[Job], summary="Jobs running on any of the hosts (all when absent)")
     def jobs(hosts: Annotated[str | None, Query(description="comma-separated host names")] = None) -> Any:
@@ -367,12 +412,6 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
     @v1.post("/jobs/checkpoint", response_model=CheckpointAck, summary="Ask jobs to checkpoint now")
     def checkpoint(body: CheckpointRequest) -> Any:
         return {"requested_at": engine.request_checkpoint(body.jobs)}
-
-    @v1.post("/hosts/drain", response_model=list[Host], summary="Drain hosts (jobs on them are interrupted)")
-    def drain(body: HostsRequest) -> Any:
-        engine.drain(body.hosts, body.op)
-        # the engine's JSON, not a model per host: a domain of thousands answers in milliseconds
-        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
 
     @v1.post("/hosts/{host}/upgrade", response_model=Host, summary="Start the upgrade of a drained host")
     def upgrade(host: HostName, body: UpgradeRequest) -> Any:
@@ -389,11 +428,6 @@ def create_app(engine: SimEngine, token: str | None = None) -> FastAPI:
         op: Annotated[str, Query(min_length=1, max_length=250, description="operation id")],
     ) -> Any:
         return engine.check_results(_names(hosts, "hosts") or [], op)
-
-    @v1.post("/hosts/return", response_model=list[Host], summary="Return drained hosts to service")
-    def return_(body: HostsRequest) -> Any:
-        engine.return_to_service(body.hosts, body.op)
-        return Response(content=engine.hosts_json(body.hosts), media_type="application/json")
 
     @v1.post("/hosts/{host}/offboard", response_model=Host, summary="Hand a host to repair with a reason")
     def offboard(host: HostName, body: OffboardRequest) -> Any:

@@ -14,7 +14,10 @@ demo's releases and jobs scaled with the fleet (6 jobs of 8 hosts per 64 hosts).
 - poll wait: the part of the overhead each phase, once over, waited for the train's next poll to begin (up to
   `poll_s` a phase at any size, and as much at 64 hosts as at 3,840: where a stop's phases fall against the
   0.1 s grid of its polls swings the 64-host figure, and so the ratios, from run to run);
-- own: the overhead less that wait: Railyard's own steps and the fleet's answers to them;
+- own: the overhead less that wait: Railyard's own steps and the fleet's answers to them, split (`own_split`)
+  into what began between the phases: the fleet's requests (the answer and the client's HTTP plumbing; every
+  request but the four phase writes, whose phase runs while they are answered), the validation of bulk
+  answers, the ledger's calls, and the rest (the client's own work over the domain's hosts, its collector);
 - calls: requests this process made to the fleet, by endpoint, and the client's CPU seconds;
 - the fleet's latency per endpoint as this client saw it (p50 / p99), the simulator under the train.
 Airflow's own cost per task is the same at any size (bench_train.py measures it); it is not in these figures.
@@ -68,8 +71,38 @@ class Counted:
     def __init__(self, fleet: Any):
         self.calls: dict[str, list[float]] = defaultdict(list)
         self.started: list[tuple[float, str]] = []
+        self.spans: list[tuple[float, float, str]] = []  # (start, seconds, what): requests, validations, ledger
         self._request = fleet.session.request
         fleet.session.request = self.request
+        self._parse = fleet._parse
+        fleet._parse = self.parse
+
+    def parse(self, *a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._parse(*a, **kw)
+        finally:
+            self.spans.append((t0, time.perf_counter() - t0, "validation"))
+
+    def ledger(self, ledger: Any) -> None:
+        """Time each of the ledger's public calls (the outermost only, where one calls another)."""
+        depth = [0]
+
+        def timed(name: str, f: Any) -> Any:
+            def call(*a: Any, **kw: Any) -> Any:
+                depth[0] += 1
+                t0 = time.perf_counter()
+                try:
+                    return f(*a, **kw)
+                finally:
+                    depth[0] -= 1
+                    if not depth[0]:
+                        self.spans.append((t0, time.perf_counter() - t0, f"ledger.{name}"))
+            return call
+
+        for name in dir(type(ledger)):
+            if not name.startswith("_") and callable(getattr(type(ledger), name, None)):
+                setattr(ledger, name, timed(name, getattr(ledger, name)))
 
     def request(self, method: str, url: str, **kw: Any) -> Any:
         path = "/" + url.split("/", 3)[3].split("?")[0]
@@ -82,10 +115,12 @@ class Counted:
         try:
             return self._request(method, url, **kw)
         finally:
-            self.calls[endpoint].append(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            self.calls[endpoint].append(dt)
+            self.spans.append((t0, dt, endpoint))
 
     def reset(self) -> dict[str, list[float]]:
-        out, self.calls, self.started = dict(self.calls), defaultdict(list), []
+        out, self.calls, self.started, self.spans = dict(self.calls), defaultdict(list), [], []
         return out
 
 
@@ -110,20 +145,39 @@ def poll_wait_s(started: list[tuple[float, str]], phases: dict[str, float]) -> f
     return waited
 
 
-def one_stop(stop: Any) -> float:
-    """The stop's steps as the DAG runs them; returns the seconds spent waiting for checkpoints."""
+def own_split(spans: list[tuple[float, float, str]], phases: dict[str, float],
+              checkpoint_wait: tuple[float, float]) -> dict[str, float]:
+    """What of a stop's own time went where: the spans (start, seconds, what) that began while no phase ran
+    (outside each phase write's start + the phase's work, and outside the checkpoint wait), summed by kind:
+    `fleet` (requests, the phase writes left out: their phase runs while they are answered), `validation`,
+    `ledger` (each named `ledger.<method>`). The rest of the own time is the client's own work."""
+    busy = [checkpoint_wait]
+    for phase, write in PHASE_WRITES.items():
+        busy += [(t, t + phases[phase]) for t, _d, what in spans if what == write]
+    writes = set(PHASE_WRITES.values())
+    out = {"fleet": 0.0, "validation": 0.0, "ledger": 0.0}
+    for t, d, what in spans:
+        if what in writes or any(a <= t < b for a, b in busy):
+            continue
+        kind = what.partition(".")[0]
+        out[kind if kind in ("validation", "ledger") else "fleet"] += d
+    return out
+
+
+def one_stop(stop: Any) -> tuple[float, float]:
+    """The stop's steps as the DAG runs them; returns when the wait for checkpoints began and ended."""
     d = stop.take()
     assert d.granted, d
     _jobs, since = stop.request_checkpoints()
     t0 = time.perf_counter()
     while stop.stale_jobs(since):
         time.sleep(stop.timeouts.poll_s)
-    waited = time.perf_counter() - t0
+    t1 = time.perf_counter()
     stop.drain()
     stop.upgrade()
     stop.check()
     stop.return_hosts()
-    return waited
+    return t0, t1
 
 
 def phases_s(cfg: Any, train: Any) -> dict[str, float]:
@@ -153,6 +207,7 @@ def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]
         fleet = HttpFleet(url, read_timeout=60)
         counted = Counted(fleet)
         ledger = Ledger(f"sqlite:///{home / 'ledger.db'}")
+        counted.ledger(ledger)
         train = cfg.train("demo")
         per_stop = []
         for domain in cfg.train_domains(train)[:stops]:
@@ -160,11 +215,14 @@ def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]
             stop = Stop(config=cfg, train=train, domain=domain, op_id=op, fleet=fleet, ledger=ledger,
                         say=lambda _m: None)
             cpu0, t0 = time.process_time(), time.perf_counter()
-            waited = one_stop(stop)
+            wait = one_stop(stop)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            waited = wait[1] - wait[0]
             waited_for_polls = poll_wait_s(counted.started, phases_s(cfg, train))
+            split = own_split(counted.spans, phases_s(cfg, train), wait)
             calls = counted.reset()
             audit = fleet.audit()
+            counted.reset()  # the bench's own read: not the next stop's
             rec, speed = next(s for s in audit["stops"] if s["op"] == op), audit["speed"]
             del audit  # every stop's installs and returns: not kept alive (and walked by the collector) in the next
             work = floor_s(cfg, train)
@@ -172,6 +230,8 @@ def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]
                              "span_s": rec["work_s"] / speed,
                              "overhead_s": wall - work - waited, "poll_wait_s": waited_for_polls,
                              "own_s": wall - work - waited - waited_for_polls, "client_cpu_s": cpu,
+                             "own_split_s": split | {"rest": wall - work - waited - waited_for_polls
+                                                     - sum(split.values())},
                              "calls": sum(len(v) for v in calls.values()),
                              "by_endpoint": {k: len(v) for k, v in sorted(calls.items())},
                              "latency": {k: _pcts(v) for k, v in sorted(calls.items())}})
@@ -183,6 +243,8 @@ def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]
     return {"domains": domains, "hosts_per_domain": hosts, "hosts": domains * hosts, "stops": per_stop,
             "overhead_per_stop_s": statistics.median(s["overhead_s"] for s in per_stop),
             "own_per_stop_s": statistics.median(s["own_s"] for s in per_stop),
+            "own_split_per_stop_s": {k: statistics.median(s["own_split_s"][k] for s in per_stop)
+                                     for k in ("fleet", "validation", "ledger", "rest")},
             "calls_per_stop": statistics.median(s["calls"] for s in per_stop),
             "client_cpu_per_stop_s": statistics.median(s["client_cpu_s"] for s in per_stop)}
 
@@ -218,6 +280,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{s['span_s']:>7.2f} {s['checkpoint_wait_s']:>7.2f} {s['overhead_s']:>10.2f} "
                   f"{s['overhead_s'] / base:>6.2f} {s['poll_wait_s']:>11.2f} {s['own_s']:>6.2f} "
                   f"{s['own_s'] / own_base:>6.2f} {s['calls']:>6} {s['client_cpu_s']:>12.2f}")
+    print("own time a stop (medians), by what began while no phase ran:")
+    for r in runs:
+        sp = r["own_split_per_stop_s"]
+        print(f"  {r['hosts_per_domain']:>5} hosts a domain: own {r['own_per_stop_s']:.3f} s = fleet requests "
+              f"{sp['fleet']:.3f} + validation {sp['validation']:.3f} + ledger {sp['ledger']:.3f} + "
+              f"the rest {sp['rest']:.3f}")
     for r in runs:
         print(f"fleet latency as seen by the client, {r['hosts_per_domain']} hosts a domain (last stop):")
         for k, v in r["stops"][-1]["latency"].items():

@@ -85,6 +85,22 @@ def test_the_wait_for_the_next_poll_runs_from_each_phases_end_to_the_first_read_
     assert abs(bench_stop.poll_wait_s(started[:3], phases) - 0.04) < 1e-9  # phases never written: no wait
 
 
+
+def test_own_time_is_split_by_what_began_while_no_phase_ran():
+    import bench_stop
+
+    phases = {"drain": 1.0, "upgrade": 6.0, "check": 2.5, "return": 0.25}
+    spans = [(0.0, 0.02, "POST /v1/hosts/query"), (0.02, 0.01, "validation"), (0.03, 0.004, "ledger.acquire_domain"),
+             (0.1, 0.5, "POST /v1/jobs/query"),  # inside the checkpoint wait: not counted
+             (1.0, 0.1, "POST /v1/hosts/drain"),  # a phase write: its phase runs while it is answered
+             (1.5, 0.003, "POST /v1/hosts/query"),  # while the hosts drain: not counted
+             (2.05, 0.03, "POST /v1/hosts/query"), (2.08, 0.012, "validation"), (2.1, 0.005, "ledger.holdings"),
+             (2.11, 0.2, "POST /v1/hosts/upgrade"), (8.2, 0.006, "ledger.record_verifications")]
+    split = bench_stop.own_split(spans, phases, (0.1, 1.0))
+    assert {k: round(v, 6) for k, v in split.items()} == {"fleet": 0.05, "validation": 0.022, "ledger": 0.015}
+    # nothing written: every span but the wait's is Railyard's own
+    assert round(bench_stop.own_split(spans[:4], phases, (0.1, 1.0))["fleet"], 6) == 0.02
+
 SSH_SCALE = {"hosts": 1024, "parallelism": 64, "railyard_s": 21.7, "all_ok": True, "ansible_best": "ansible -m raw",
              "ansible_best_s": 80.2, "clush_s": 29.4, "railyard_over_clush": 0.74,
              "stop": {"wall_s": 210.8, "client_cpu_ms_per_host": 45.4, "completed": True, "peak_open_kernel": 64,

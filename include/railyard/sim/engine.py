@@ -855,8 +855,8 @@ class SimEngine:
         """Real seconds until the next host's transition (a drain, an install, a check, a return, a repair)
         ends, or None: the server advances the world then, so that the end of a domain's phase (thousands of
         hosts changed and saved) is brought about as it falls due, not inside the read that first looks.
-        Changes nothing."""
-        with self._lock:
+        Changes nothing. The collector is paused while it holds the lock, as for every call (`_under_lock`)."""
+        with gcpause.paused(), self._lock:
             self._flush()
             first = self._until.first()
             if first is None:

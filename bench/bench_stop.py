@@ -150,7 +150,8 @@ def own_split(spans: list[tuple[float, float, str]], phases: dict[str, float],
     """What of a stop's own time went where: the spans (start, seconds, what) that began while no phase ran
     (outside each phase write's start + the phase's work, and outside the checkpoint wait), summed by kind:
     `fleet` (requests, the phase writes left out: their phase runs while they are answered), `validation`,
-    `ledger` (each named `ledger.<method>`). The rest of the own time is the client's own work."""
+    `ledger` (each named `ledger.<method>`). The rest of the own time is the client's own work (and the tail of
+    a poll begun before its phase ended)."""
     busy = [checkpoint_wait]
     for phase, write in PHASE_WRITES.items():
         busy += [(t, t + phases[phase]) for t, _d, what in spans if what == write]

@@ -288,6 +288,37 @@ def test_releases_state_and_results(ledger):
     assert [(r["host"], r["passed"]) for r in led.release_results("fw-96")] == [("h00", 1)]
 
 
+def test_a_runs_failures_are_read_by_its_operations_whatever_the_history(ledger, url):
+    """Each health check asks for its run's failures: its operations are found by the prefix of their ids,
+    then their audit rows by operation. Other runs are never counted, one whose id only extends the prefix
+    ('r10' beside 'r1') or differs in case included; on SQLite, no statement reads `audit` or `operations`
+    whole (what the planner does there is checked: each statement's plan)."""
+    led = ledger()
+    for run, dom in (("r10", "d0"), ("R1", "d1"), ("r1", "d2"), ("r2", "d3")):
+        assert take(led, f"t/{run}/{dom}", dom).granted
+        led.note(f"t/{run}/{dom}", "offboard", [DOMAINS[dom][0]], f"bad gpu in {run}")
+        led.release(f"t/{run}/{dom}")
+    assert led.run_failures("t/r1/") == (8, 1, ["h20: bad gpu in r1"])
+    assert led.run_failures("t/r3/") == (0, 0, [])
+    if not url.startswith("sqlite"):
+        return
+    seen: list[tuple[str, object]] = []
+
+    def record(_conn, _cursor, statement, parameters, _context, _many):  # type: ignore[no-untyped-def]
+        seen.append((statement, parameters))
+
+    event.listen(led.engine, "before_cursor_execute", record)
+    try:
+        led.run_failures("t/r1/")
+    finally:
+        event.remove(led.engine, "before_cursor_execute", record)
+    assert len(seen) == 2, seen
+    with led.engine.connect() as c:
+        plans = [" / ".join(r[3] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + q, p)) for q, p in seen]
+    assert not [p for p in plans if re.search(r"\bSCAN (audit|operations)\b", p)], plans
+    assert "ix_audit_op_id" in plans[1], plans
+
+
 def test_operations_dodges_visits_and_failures(ledger):
     led = ledger()
     assert led.record_dodge("t/r1/d0", train="t", domain="d0", until=50.0, jobs=["j1"])

@@ -34,6 +34,7 @@ from railyard.ledger.schema import (
     switches,
     verifications,
     visits,
+    with_prefix,
 )
 
 
@@ -195,12 +196,21 @@ class Records(LedgerBase):
             return {r.domain: r.at for r in c.execute(select(visits).where(visits.c.train == train))}
 
     def run_failures(self, prefix: str) -> tuple[int, int, list[str]]:
-        """(hosts leased, hosts offboarded, reasons) over every operation of one run."""
-        like = audit.c.op_id.startswith(prefix, autoescape=True)
+        """(hosts leased, hosts offboarded, reasons) over every operation of one run. The run's operations are
+        found by the prefix of their ids, and then their lease and offboard rows by operation, through the
+        audit's index on it. Read by the prefix, the audit would be read through its index on actions: every
+        lease and offboard row the ledger ever wrote (one for each host ever offboarded), at every health check."""
+        leased: set[str] = set()
+        failed: dict[str, str] = {}
         with self.engine.connect() as c:
-            leased: set[str] = set()
-            failed: dict[str, str] = {}
-            for r in c.execute(select(audit).where(like, audit.c.action.in_(("lease", "offboard")))):
+            ops = list(c.execute(select(operations.c.id).where(with_prefix(c, operations.c.id, prefix))).scalars())
+            # the action is compared as an expression (`action || ''`), which no index serves: SQLite's planner
+            # cannot tell how few operations the JSON list holds, and would read the index on actions instead,
+            # every lease and offboard of the ledger's history
+            action = audit.c.action.concat("")
+            q = (select(audit.c.action, audit.c.hosts, audit.c.reason)
+                 .where(among(c, audit.c.op_id, ops), action.in_(("lease", "offboard"))).order_by(audit.c.id))
+            for r in c.execute(q) if ops else ():
                 hosts = json.loads(r.hosts)
                 if r.action == "lease":
                     leased.update(hosts)

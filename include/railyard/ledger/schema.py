@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     bindparam,
     cast,
     func,
@@ -455,6 +456,17 @@ def among(c: Connection, column: Any, values: Iterable[str]) -> Any:
     if c.dialect.name == "postgresql":
         return column == func.any(bindparam(None, vals, type_=ARRAY(String)))
     return column.in_(_json_values(bindparam(None, json.dumps(vals), type_=Text)))
+
+
+def with_prefix(c: Connection, column: Any, prefix: str) -> Any:
+    """`column` starts with `prefix`. SQLite's LIKE ignores the case of ASCII letters and no index serves it,
+    so there the condition is also the range of strings that start with `prefix` (its BINARY order), which
+    the column's index reads alone. (On PostgreSQL the same range is not safe: a linguistic collation need
+    not keep the strings that share a prefix together.)"""
+    like = column.startswith(prefix, autoescape=True)
+    if c.dialect.name != "sqlite" or not prefix:
+        return like
+    return and_(like, column >= prefix, column < prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
 def insert_for_hosts(c: Connection, table: Any, hosts: Sequence[str], **same: Any) -> None:

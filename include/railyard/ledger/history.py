@@ -12,7 +12,7 @@ from sqlalchemy import (
 )
 
 from railyard.ledger.base import LedgerBase
-from railyard.ledger.schema import _audit, audit, leases, verifications
+from railyard.ledger.schema import _audit, audit, leases, verifications, with_prefix
 
 
 class AuditLog(LedgerBase):
@@ -27,11 +27,11 @@ class AuditLog(LedgerBase):
         q = select(audit).order_by(audit.c.id)
         if op_id is not None:
             q = q.where(audit.c.op_id == op_id)
-        if prefix is not None:
-            q = q.where(audit.c.op_id.startswith(prefix, autoescape=True))
         if action is not None:
             q = q.where(audit.c.action == action)
         with self.engine.connect() as c:
+            if prefix is not None:
+                q = q.where(with_prefix(c, audit.c.op_id, prefix))
             rows = [dict(r._mapping) for r in c.execute(q if limit is None else q.limit(limit))]
         for r in rows:
             r["hosts"] = json.loads(r["hosts"])

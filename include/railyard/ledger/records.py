@@ -53,11 +53,10 @@ class Records(LedgerBase):
             return True
 
     def operations_like(self, prefix: str, state: str | None = None) -> list[dict[str, Any]]:
-        q = (select(operations).where(operations.c.id.startswith(prefix, autoescape=True))
-             .order_by(operations.c.created_at))
-        if state is not None:
-            q = q.where(operations.c.state == state)
         with self.engine.connect() as c:
+            q = select(operations).where(with_prefix(c, operations.c.id, prefix)).order_by(operations.c.created_at)
+            if state is not None:
+                q = q.where(operations.c.state == state)
             return [dict(r._mapping) | {"detail": json.loads(r.detail or "{}")} for r in c.execute(q)]
 
     def record_dodge(self, op_id: str, *, train: str, domain: str, until: float, jobs: list[str]) -> bool:
@@ -99,9 +98,7 @@ class Records(LedgerBase):
         """The dodged stop of this run that `slot` revisits (the same one on every retry)."""
         with self.engine.begin() as c:
             _lock(c)
-            q = select(operations).where(operations.c.id.startswith(prefix, autoescape=True)).order_by(
-                operations.c.created_at
-            )
+            q = select(operations).where(with_prefix(c, operations.c.id, prefix)).order_by(operations.c.created_at)
             rows = [r for r in c.execute(q)]
             for r in rows:
                 if json.loads(r.detail or "{}").get("slot") == slot:

@@ -65,13 +65,11 @@ def scaled(path: Path, domains: int, hosts: int) -> Path:
 
 
 class Counted:
-    """Wraps the HTTP session of an `HttpFleet`: counts each request by endpoint and times it, and keeps when
-    each began (`started`, for `poll_wait_s`)."""
+    """Wraps the HTTP session and the validation of an `HttpFleet` (and, with `ledger`, a ledger's calls): each
+    request, validation and ledger call is a span (start, seconds, what), what a request's endpoint."""
 
     def __init__(self, fleet: Any):
-        self.calls: dict[str, list[float]] = defaultdict(list)
-        self.started: list[tuple[float, str]] = []
-        self.spans: list[tuple[float, float, str]] = []  # (start, seconds, what): requests, validations, ledger
+        self.spans: list[tuple[float, float, str]] = []
         self._request = fleet.session.request
         fleet.session.request = self.request
         self._parse = fleet._parse
@@ -111,17 +109,24 @@ class Counted:
             parts[3] = "{name}"
         t0 = time.perf_counter()
         endpoint = f"{method} {'/'.join(parts)}"
-        self.started.append((t0, endpoint))
         try:
             return self._request(method, url, **kw)
         finally:
-            dt = time.perf_counter() - t0
-            self.calls[endpoint].append(dt)
-            self.spans.append((t0, dt, endpoint))
+            self.spans.append((t0, time.perf_counter() - t0, endpoint))
 
-    def reset(self) -> dict[str, list[float]]:
-        out, self.calls, self.started, self.spans = dict(self.calls), defaultdict(list), [], []
+    def reset(self) -> list[tuple[float, float, str]]:
+        """The spans since the last reset, in the order they began; none kept."""
+        out, self.spans = sorted(self.spans), []
         return out
+
+
+def requests_by_endpoint(spans: list[tuple[float, float, str]]) -> dict[str, list[float]]:
+    """Each request's seconds, by endpoint (the spans that are requests: neither validation nor the ledger)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for _t, d, what in spans:
+        if what != "validation" and not what.startswith("ledger."):
+            out[what].append(d)
+    return dict(out)
 
 
 PHASE_WRITES = {"drain": "POST /v1/hosts/drain", "upgrade": "POST /v1/hosts/upgrade",
@@ -219,9 +224,10 @@ def run_size(domains: int, hosts: int, stops: int, home: Path) -> dict[str, Any]
             wait = one_stop(stop)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             waited = wait[1] - wait[0]
-            waited_for_polls = poll_wait_s(counted.started, phases_s(cfg, train))
-            split = own_split(counted.spans, phases_s(cfg, train), wait)
-            calls = counted.reset()
+            spans = counted.reset()
+            waited_for_polls = poll_wait_s([(t, what) for t, _d, what in spans], phases_s(cfg, train))
+            split = own_split(spans, phases_s(cfg, train), wait)
+            calls = requests_by_endpoint(spans)
             audit = fleet.audit()
             counted.reset()  # the bench's own read: not the next stop's
             rec, speed = next(s for s in audit["stops"] if s["op"] == op), audit["speed"]
